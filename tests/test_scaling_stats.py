@@ -1,0 +1,97 @@
+"""The arithmetic of SCIENCE.md sections 1-2, asserted to the digits SCIENCE.md states."""
+
+import math
+
+import pytest
+
+from scripts import scaling_stats as ss
+
+ROW3 = (3.0, 1.0, -1.0)
+ROW5 = (12.0, 8.0, 4.0, 0.0, -4.0)
+ROW4 = (8.0, 0.0, -8.0, 4.0)
+
+
+def rounded(xs, digits):
+    return tuple(round(x, digits) for x in xs)
+
+
+@pytest.fixture(scope="module")
+def var_rows():
+    return ss.variance_table()  # the seed's setting: 20,000 trials per size, d_k 4..1024
+
+
+def test_variance_of_dot_product_is_within_5_percent_of_d_k(var_rows):
+    assert [r["d_k"] for r in var_rows] == [4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    for r in var_rows:
+        assert r["rel_err"] < 0.05, r
+        assert math.isclose(r["std"], math.sqrt(r["var"]))
+        # scaled std is back at 1 whatever the width (within the same 5% on the variance)
+        assert abs(r["std_scaled"] - 1.0) < 0.025, r
+
+
+def test_variance_is_seeded_and_scales_with_sigma_to_the_fourth():
+    assert ss.dot_variance(64, 2000, seed=3) == ss.dot_variance(64, 2000, seed=3)
+    assert ss.dot_variance(64, 2000, seed=3) != ss.dot_variance(64, 2000, seed=4)
+    # Var(q.k) = d_k * sigma^4: with sigma = 2 the right divisor would be 4 * sqrt(d_k)
+    assert abs(ss.dot_variance(64, 20_000, sigma=2.0) / (64 * 16) - 1) < 0.05
+
+
+def test_example_vectors_give_scores_3_1_minus1():
+    assert ss.example_scores() == [3.0, 1.0, -1.0]
+
+
+def test_worked_softmax_rows():
+    assert rounded(ss.softmax_weights(ROW3, 1.0), 3) == (0.867, 0.117, 0.016)
+    assert rounded(ss.softmax_weights(ROW3, math.sqrt(3)), 3) == (0.707, 0.223, 0.070)
+    unscaled = ss.softmax_weights(ROW5, 1.0)
+    assert round(unscaled[0], 2) == 0.98 and round(unscaled[1], 3) == 0.018
+    assert round(unscaled[2], 4) == 0.0003
+    assert f"{unscaled[3]:.0e}" == "6e-06" and f"{unscaled[4]:.0e}" == "1e-07"
+    assert rounded(ss.softmax_weights(ROW5, 8.0), 2) == (0.43, 0.26, 0.16, 0.10, 0.06)
+
+
+def test_divisor_choices_for_the_d_k_64_row():
+    unscaled = ss.softmax_weights(ROW4, 1.0)
+    assert round(unscaled[0], 2) == 0.98 and round(unscaled[3], 3) == 0.018
+    assert round(unscaled[1], 4) == 0.0003 and f"{unscaled[2]:.0e}" == "1e-07"
+    assert rounded(ss.softmax_weights(ROW4, 8.0), 2) == (0.47, 0.17, 0.06, 0.29)
+    by_dk = ss.softmax_weights(ROW4, 64.0)
+    assert rounded(by_dk, 2) == (0.28, 0.25, 0.22, 0.26)
+    assert max(by_dk) - min(by_dk) < 0.07  # nearly flat
+
+
+def test_jacobian_maxima_and_entries():
+    j1, j8 = ss.jacobian_max(ROW4, 1.0), ss.jacobian_max(ROW4, 8.0)
+    assert round(j1, 3) == 0.018
+    assert round(j8, 4) == 0.2493
+    assert round(j8 / j1) == 14
+    # J is diag(p) - p p^T: rows sum to zero (softmax is shift invariant)
+    jac = ss.softmax_jacobian(ROW5, 8.0)
+    assert jac.sum(dim=1).abs().max() < 1e-12
+    assert round(ss.jacobian_entry(ROW5, 1.0, 0, 0), 2) == 0.02
+    # SCIENCE.md writes 0.43 x 0.57 = 0.25 from rounded weights; exactly it is 0.2449
+    assert round(ss.jacobian_entry(ROW5, 8.0, 0, 0), 3) == 0.245
+    assert round(ss.jacobian_entry(ROW5, 1.0, 0, 2), 4) == -0.0003
+    assert round(ss.jacobian_entry(ROW5, 8.0, 0, 2), 3) == -0.068
+
+
+def test_fixed_divisor_8_is_right_only_at_64():
+    rows = {g["d_k"]: g for g in ss.gap_table()}
+    assert rows[256]["gap_fixed"] == 2.0 and round(rows[256]["ratio_fixed"], 2) == 7.39
+    assert rows[16]["gap_fixed"] == 0.5 and round(rows[16]["ratio_fixed"], 2) == 1.65
+    assert rows[64]["gap_fixed"] == 1.0
+    for g in rows.values():
+        assert g["gap_sqrt"] == 1.0 and round(g["ratio_sqrt"], 2) == 2.72
+
+
+def test_main_prints_the_table_and_writes_figures(tmp_path, capsys):
+    out = tmp_path / "figs"
+    assert ss.main(["--out", str(out), "--trials", "500"]) == 0
+    text = capsys.readouterr().out
+    assert "| 1024 |" in text
+    assert "(0.867, 0.117, 0.016)" in text and "(0.707, 0.223, 0.070)" in text
+    assert "13.9x larger" in text
+    assert "| 256 | 2.00 | 7.39 | 1.00 | 2.72 |" in text
+    for name in ("variance_vs_dk.png", "worked_weights.png", "gap_ratio_vs_width.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
