@@ -1,4 +1,4 @@
-"""A cross-process file lock and atomic file writes, for a cache shared by concurrent runs.
+"""A cross-process file lock, for a cache shared by concurrent runs.
 
 `fcntl.flock` on a lock file: the kernel releases it when the holder exits or crashes, so a
 killed preparation never leaves a stale lock behind (an O_EXCL marker file would).

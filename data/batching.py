@@ -1,0 +1,148 @@
+"""Training and validation batches from a flat token array, in two packing modes.
+
+Dimension letters: B global batch, b per-rank batch (B // world_size), T block_size.
+
+- concat (nanoGPT): each row is a random window of T + 1 consecutive tokens of the split,
+  crossing document boundaries (documents are separated by EOT); idx = window[:-1],
+  targets = window[1:]. No padding, valid_mask is None.
+- pad: each row is one chunk of one document: documents are cut at multiples of T into pieces
+  of up to T + 1 tokens (consecutive pieces overlap by one token, so every next-token pair is
+  trained once per epoch), right-padded to T with pad_id; targets are IGNORE_INDEX at padding
+  and valid_mask marks real tokens. Pieces are visited in a fresh random order every epoch.
+
+Determinism and resuming: batch number `step` is a pure function of (seed, step), drawn from
+`np.random.default_rng([seed, step])` (concat) or from the permutation of epoch
+`step * B // n_pieces` (pad). The sampler state is therefore just the step counter: restoring it
+gives exactly the batches the uninterrupted run would have drawn. Every rank draws the same
+global batch and keeps rows rank*b:(rank+1)*b, so the global batch does not depend on the
+number of processes.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from data.errors import DataError
+
+IGNORE_INDEX = -100   # same value as model.gpt.IGNORE_INDEX and torch's cross_entropy default
+
+
+@dataclass
+class Batch:
+    idx: torch.Tensor                      # (b, T) long
+    targets: torch.Tensor                  # (b, T) long, IGNORE_INDEX at padding
+    valid_mask: Optional[torch.Tensor]     # (b, T) bool, True = real token; None for concat
+
+
+class Batcher:
+    def __init__(self, tokens, docs, *, block_size: int, batch_size: int, packing: str,
+                 pad_id: int, seed: int, rank: int = 0, world_size: int = 1):
+        _check(len(tokens), block_size, batch_size, packing, rank, world_size)
+        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
+        self.packing, self.pad_id, self.seed = packing, pad_id, seed
+        self.rank, self.world_size = rank, world_size
+        self.rows = slice(rank * (batch_size // world_size), (rank + 1) * (batch_size // world_size))
+        self.pieces = doc_pieces(docs, len(tokens), block_size) if packing == "pad" else None
+        if self.pieces is not None and len(self.pieces) == 0:
+            raise DataError(f"No document has the 2 tokens one padded row needs; the split "
+                            f"({len(tokens)} tokens) is too short for packing=pad.")
+        self.step = 0
+        self._epoch, self._order = -1, np.arange(0)   # the cached permutation of one epoch
+
+    def next(self) -> Batch:
+        starts, lengths = self._global_rows(self.step)
+        self.step += 1
+        return self._make(starts[self.rows], lengths[self.rows])
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "seed": self.seed, "packing": self.packing,
+                "batch_size": self.batch_size, "block_size": self.block_size,
+                "n_tokens": len(self.tokens)}
+
+    def load_state_dict(self, d: dict) -> None:
+        mine = self.state_dict()
+        diff = [k for k in mine if k != "step" and d.get(k) != mine[k]]
+        if diff:
+            raise DataError(f"The saved sampler state differs from this run in {diff} (saved "
+                            f"{ {k: d.get(k) for k in diff} }, now { {k: mine[k] for k in diff} });"
+                            " resuming would not replay the same batches. Resume with the same "
+                            "data, seed, batch_size and block_size.")
+        self.step = int(d["step"])
+
+    def _global_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) of each of the B rows of global batch `step`."""
+        B, T = self.batch_size, self.block_size
+        if self.packing == "concat":
+            rng = np.random.default_rng([self.seed, step])
+            starts = rng.integers(0, len(self.tokens) - T, size=B)   # windows of T + 1 tokens
+            return starts, np.full(B, T + 1)
+        n = len(self.pieces)
+        order = [self._epoch_order((step * B + i) // n)[(step * B + i) % n] for i in range(B)]
+        return self.pieces[order, 0], self.pieces[order, 1]
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if self._epoch != epoch:
+            self._epoch = epoch
+            self._order = np.random.default_rng([self.seed, 1_000_003, epoch]).permutation(
+                len(self.pieces))
+        return self._order
+
+    def _make(self, starts: np.ndarray, lengths: np.ndarray) -> Batch:
+        b, T = len(starts), self.block_size
+        rows = np.full((b, T + 1), self.pad_id, dtype=np.int64)
+        for r, (s, n) in enumerate(zip(starts, lengths)):
+            rows[r, :n] = self.tokens[s:s + n]
+        idx = torch.from_numpy(rows[:, :-1].copy())          # (b, T)
+        targets = torch.from_numpy(rows[:, 1:].copy())       # (b, T)
+        if self.packing == "concat":
+            return Batch(idx, targets, None)
+        pos = torch.arange(T + 1)                             # (T + 1,)
+        real = pos[None, :] < torch.from_numpy(lengths)[:, None]   # (b, T + 1)
+        targets[~real[:, 1:]] = IGNORE_INDEX
+        return Batch(idx, targets, real[:, :-1].contiguous())
+
+
+def doc_pieces(docs, n_tokens: int, block_size: int) -> np.ndarray:
+    """(n_pieces, 2) array of (start, length): documents cut every T tokens, T + 1 long at most.
+
+    A piece needs at least 2 tokens (one input, one target); shorter tails are dropped because
+    the previous piece already trains on their only token as a target.
+    """
+    starts = np.asarray(docs, dtype=np.int64)                        # (n_docs,)
+    ends = np.append(starts[1:], n_tokens)                             # (n_docs,)
+    # piece j of a document starts at start + j*T while it still has a target: j*T < len - 1
+    counts = np.maximum(0, -(-(ends - starts - 1) // block_size))      # ceil((len - 1) / T)
+    doc = np.repeat(np.arange(len(starts)), counts)                    # (n_pieces,)
+    j = np.arange(len(doc)) - np.repeat(np.cumsum(counts) - counts, counts)
+    piece_start = starts[doc] + j * block_size
+    length = np.minimum(block_size + 1, ends[doc] - piece_start)
+    return np.stack([piece_start, length], axis=1)                     # (n_pieces, 2)
+
+
+def fixed_batches(tokens, docs, *, n_batches: int, block_size: int, batch_size: int,
+                  packing: str, pad_id: int, seed: int, rank: int = 0,
+                  world_size: int = 1) -> list[Batch]:
+    """The same `n_batches` validation batches at every evaluation (a fresh Batcher each call)."""
+    if n_batches < 1:
+        raise DataError(f"n_batches={n_batches} validation batches: use at least 1.")
+    batcher = Batcher(tokens, docs, block_size=block_size, batch_size=batch_size,
+                      packing=packing, pad_id=pad_id, seed=seed, rank=rank,
+                      world_size=world_size)
+    return [batcher.next() for _ in range(n_batches)]
+
+
+def _check(n_tokens, block_size, batch_size, packing, rank, world_size) -> None:
+    if packing not in ("concat", "pad"):
+        raise DataError(f"packing={packing!r} is unknown; use concat or pad.")
+    if block_size < 1 or batch_size < 1:
+        raise DataError(f"block_size={block_size} and batch_size={batch_size} must be >= 1.")
+    if world_size < 1 or not 0 <= rank < world_size or batch_size % world_size:
+        raise DataError(f"The global batch_size={batch_size} must split evenly over "
+                        f"world_size={world_size} processes (rank={rank}); choose a batch size "
+                        "that is a multiple of the number of processes.")
+    if packing == "concat" and n_tokens < block_size + 1:
+        raise DataError(f"The split has {n_tokens} tokens, shorter than one block of "
+                        f"block_size + 1 = {block_size + 1}; use a smaller block_size or a "
+                        "larger corpus.")
