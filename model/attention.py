@@ -133,9 +133,10 @@ def attention_stats(logits: Tensor, weights: Tensor, allowed: Optional[Tensor],
     max_logit: max |logit| (after scale and soft-cap) over allowed entries.
     saturated: fraction of real query rows whose largest weight exceeds 0.99.
     real_rows (B|1, H|1, T) bool marks the query rows that count (None: all).
+    Diagnostics only: computed on detached tensors, so they keep no autograd graph.
     """
     B, H, T, _ = weights.shape
-    w = weights.float()
+    w = weights.detach().float()
     row_entropy = torch.special.entr(w).sum(dim=-1)  # (B, H, T); entr(0) = 0
     row_saturated = (w.amax(dim=-1) > SATURATION_THRESHOLD).float()  # (B, H, T)
     if real_rows is None:
@@ -143,7 +144,7 @@ def attention_stats(logits: Tensor, weights: Tensor, allowed: Optional[Tensor],
     else:
         rows = real_rows.expand(B, H, T).float()  # (B, H, T)
     n_rows = rows.sum(dim=(0, 2)).clamp(min=1.0)  # (H,)
-    abs_logits = logits.float().abs()  # (B, H, T, T)
+    abs_logits = logits.detach().float().abs()  # (B, H, T, T)
     if allowed is not None:
         abs_logits = abs_logits.masked_fill(~allowed, 0.0)
     return {
