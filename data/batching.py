@@ -25,8 +25,7 @@ import numpy as np
 import torch
 
 from data.errors import DataError
-
-IGNORE_INDEX = -100   # same value as model.gpt.IGNORE_INDEX and torch's cross_entropy default
+from model.gpt import IGNORE_INDEX   # targets the loss skips: padding positions
 
 
 @dataclass

@@ -43,6 +43,7 @@ class PreparedData:
     vocab_size: int
     pad_id: int
     eot_id: int
+    reused: bool = False     # True when an existing cache folder was loaded, not built
 
     def encode(self, text: str) -> list[int]:
         return encode(self.tokenizer, text)
@@ -63,12 +64,14 @@ def prepare(cfg: DataConfig) -> PreparedData:
     corpus = load_corpus(cfg, root)
     key = cache_key(cfg, corpus)
     final = tokens_dir / key
-    if not cache.is_complete(final):
+    reused = cache.is_complete(final)
+    if not reused:
         with file_lock(tokens_dir / f".{key}.lock"):
-            if not cache.is_complete(final):   # another process may have built it meanwhile
+            reused = cache.is_complete(final)   # another process may have built it meanwhile
+            if not reused:
                 cache.remove_leftovers(tokens_dir, key)
                 build(cfg, corpus, tokens_dir, key)
-    return load(final)
+    return load(final, reused)
 
 
 def cache_key(cfg: DataConfig, corpus: Corpus) -> str:
@@ -142,7 +145,7 @@ def write_split(tok: Tokenizer, docs: list[str], folder: Path, split: str, dtype
             "tokens": n_tokens, "bytes_per_token": n_bytes / n_tokens}
 
 
-def load(folder: Path) -> PreparedData:
+def load(folder: Path, reused: bool = True) -> PreparedData:
     meta = json.loads((folder / "meta.json").read_text())
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     return PreparedData(
@@ -150,4 +153,5 @@ def load(folder: Path) -> PreparedData:
         train=cache.read_tokens(folder, "train", meta), val=cache.read_tokens(folder, "val", meta),
         train_docs=np.load(folder / "train_docs.npy"), val_docs=np.load(folder / "val_docs.npy"),
         meta=meta, vocab_size=meta["vocab_size"], pad_id=meta["pad_id"], eot_id=meta["eot_id"],
+        reused=reused,
     )
