@@ -301,7 +301,7 @@ def _fmt(ms: Optional[tuple[float, Optional[float]]], digits: int = 4) -> str:
 
 
 def results_table(groups: dict[tuple, list[Run]]) -> list[str]:
-    lines = ["| group | runs | final val loss | best val loss | diverged | still running | tokens/s |",
+    lines = ["| group | seeds | final val loss | best val loss | diverged | still running | tokens/s |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for key, runs in groups.items():
         ok = [r for r in runs if not r.diverged]

@@ -257,8 +257,11 @@ def plot_gap_ratio(path: Path) -> None:
     ax.semilogy(widths, [gap_weight_ratio(d, math.sqrt(d)) for d in D_KS], "s-",
                 label="divisor sqrt(d_k)")
     ax.set_xscale("log", base=2)
+    for d in HEAD_WIDTHS:  # the widths SCIENCE.md works through
+        ratio = gap_weight_ratio(d, FIXED_DIVISOR)
+        ax.annotate(f"{ratio:.2f}", (d, ratio), textcoords="offset points", xytext=(-28, 6))
     ax.set(xlabel="head width d_k", ylabel="weight ratio exp(gap) of a one-sigma gap",
-           title="A fixed divisor saturates wide heads, washes out narrow ones")
+           title="fixed divisor 8: saturates wide heads, washes out narrow")
     ax.axvline(64, color="grey", ls=":", lw=1)
     ax.legend()
     ax.grid(alpha=0.3, which="both")
