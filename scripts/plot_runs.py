@@ -105,12 +105,15 @@ class Run:
 
     @property
     def loss_at_init(self) -> Optional[float]:
-        """The step-0 eval loss, else ln(vocab_size) (uniform prediction), else None."""
+        """The step-0 eval loss (its record, else summary's init_val_loss), else ln(vocab_size)
+        from run.json (the loss of a uniform prediction), else None."""
         for e in self.evals:
             if e.get("step") == 0 and math.isfinite(_num(e.get("val_loss"))):
                 return float(e["val_loss"])
-        vocab = _lookup(self.info, ("config", "model", "vocab_size"), ("model", "vocab_size"),
-                        ("vocab_size",), ("config", "vocab_size"))
+        if self.summary is not None and self.summary.get("init_val_loss") is not None:
+            return float(self.summary["init_val_loss"])
+        vocab = _lookup(self.info, ("model_config", "vocab_size"), ("config", "model", "vocab_size"),
+                        ("vocab_size",))
         return math.log(vocab) if vocab else None
 
     @property
@@ -149,10 +152,11 @@ def find_run_dirs(root: Path) -> list[Path]:
     return found
 
 
-def read_overrides(run_dir: Path) -> dict:
-    """.hydra/overrides.yaml (a YAML list of "key=value") as a dict; "+key" counts as "key"."""
+def read_overrides(run_dir: Path, info: dict) -> dict:
+    """.hydra/overrides.yaml (a YAML list of "key=value"), else run.json's "overrides", as a
+    dict; "+key" counts as "key"."""
     f = run_dir / ".hydra" / "overrides.yaml"
-    items = (yaml.safe_load(f.read_text()) or []) if f.exists() else []
+    items = (yaml.safe_load(f.read_text()) or []) if f.exists() else info.get("overrides") or []
     out = {}
     for item in items:
         key, sep, value = str(item).partition("=")
@@ -193,10 +197,9 @@ def load_run(run_dir: Path, notes: list) -> tuple[Optional[Run], Optional[str]]:
     if not evals:
         return None, "no eval record yet"
     info = _read_json(run_dir / "run.json") or {}
-    overrides = read_overrides(run_dir)
+    overrides = read_overrides(run_dir, info)
     variant = overrides.get(VARIANT_KEY) or _lookup(
-        info, ("config", "scaling", "name"), ("scaling", "name"),
-        ("config", "model", "scaling", "name"), ("model", "scaling", "name")) or "unknown"
+        info, ("config", "scaling", "name"), ("model_config", "scaling", "name")) or "unknown"
     train = [r for r in records if r.get("kind") == "train"]
     return Run(run_dir, overrides, str(variant), train, evals,
                _read_json(run_dir / "summary.json"), info), None

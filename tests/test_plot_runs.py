@@ -3,6 +3,7 @@
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,9 @@ def make_run(sweep: Path, overrides: list[str], val: list[float], *, diverged=Fa
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     scaling = next(o.split("=")[1] for o in overrides if o.startswith("scaling="))
-    (run / "run.json").write_text(json.dumps(
-        {"config": {"model": {"vocab_size": VOCAB}, "scaling": {"name": scaling}}}))
+    (run / "run.json").write_text(json.dumps(  # the layout train.py writes
+        {"config": {"scaling": {"name": scaling}}, "model_config": {"vocab_size": VOCAB},
+         "overrides": overrides}))
     if metrics == "missing":
         return run
     lines = []
@@ -46,6 +48,7 @@ def make_run(sweep: Path, overrides: list[str], val: list[float], *, diverged=Fa
         finite = [v for v in val if math.isfinite(v)]
         (run / "summary.json").write_text(json.dumps(
             {"final_val_loss": val[-1], "best_val_loss": min(finite), "steps": 10 * len(val),
+             "init_val_loss": val[0] if eval_at_0 else None,
              "tokens_per_sec": tokens_per_sec, "n_params": 1234, "diverged": diverged,
              "wall_s": 1.0}))
     return run
@@ -184,6 +187,7 @@ def test_lr_sensitivity_example_by_hand():
 
 def test_single_run_dir_and_bad_input(tmp_path):
     run = make_run(tmp_path / "one", ["scaling=dk", "trainer.seed=0"], [4.17, 2.0, 1.5])
+    shutil.rmtree(run / ".hydra")  # overrides then come from run.json
     out = tmp_path / "out"
     proc = run_script(run, "--out", out)
     assert proc.returncode == 0, proc.stderr
