@@ -1,0 +1,113 @@
+"""data/batching.py: shapes, masks, targets, determinism, resuming and the DDP row split."""
+
+import numpy as np
+import pytest
+import torch
+
+from data.batching import Batcher, doc_pieces, fixed_batches
+from data.errors import DataError
+from model.gpt import IGNORE_INDEX
+
+PAD, EOT = 0, 1
+# Three documents of lengths 7, 3 and 12 (EOT included), ids unique per position (>= 2).
+TOKENS = np.concatenate([np.arange(10, 16), [EOT], np.arange(20, 22), [EOT],
+                         np.arange(30, 41), [EOT]]).astype(np.uint16)
+DOCS = np.array([0, 7, 10], dtype=np.int64)
+
+
+def batcher(packing, **kw):
+    args = dict(block_size=4, batch_size=6, packing=packing, pad_id=PAD, seed=3)
+    return Batcher(TOKENS, DOCS, **{**args, **kw})
+
+
+def test_concat_windows_are_shifted_consecutive_tokens():
+    b = batcher("concat").next()
+    assert b.idx.shape == b.targets.shape == (6, 4) and b.idx.dtype == torch.long
+    assert b.valid_mask is None
+    flat = torch.from_numpy(TOKENS.astype(np.int64))
+    for row_idx, row_tgt in zip(b.idx, b.targets):
+        start = int(np.flatnonzero(TOKENS == row_idx[0].item())[0])
+        assert torch.equal(row_idx, flat[start:start + 4])
+        assert torch.equal(row_tgt, flat[start + 1:start + 5])
+
+
+def test_doc_pieces_cut_every_block_and_overlap_by_one():
+    assert doc_pieces(DOCS, len(TOKENS), 4).tolist() == [
+        [0, 5], [4, 3], [7, 3], [10, 5], [14, 5], [18, 4]]
+    assert doc_pieces([0, 1], 3, 4).tolist() == [[1, 2]]   # a 1-token document has no target
+
+
+def test_pad_rows_stay_in_one_document_with_masks_and_ignored_targets():
+    pieces = {start: length for start, length in doc_pieces(DOCS, len(TOKENS), 4).tolist()}
+    tokens = torch.from_numpy(TOKENS.astype(np.int64))
+    bt = batcher("pad", batch_size=3)
+    seen = []
+    for _ in range(2):   # 6 pieces, 3 per batch: one epoch visits each piece once
+        b = bt.next()
+        assert b.valid_mask.dtype == torch.bool and b.valid_mask.shape == (3, 4)
+        for idx, tgt, mask in zip(b.idx, b.targets, b.valid_mask):
+            start = int(np.flatnonzero(TOKENS == idx[0].item())[0])
+            L = pieces[start]                       # real tokens in the row, targets included
+            n = min(L, 4)                           # real tokens in idx
+            assert mask.tolist() == [True] * n + [False] * (4 - n)   # right padding
+            assert torch.equal(idx[:n], tokens[start:start + n]) and (idx[n:] == PAD).all()
+            assert torch.equal(tgt[:L - 1], tokens[start + 1:start + L])
+            assert (tgt[L - 1:] == IGNORE_INDEX).all()
+            seen.append(start)
+    assert sorted(seen) == sorted(pieces)
+
+
+def test_same_seed_same_batches_other_seed_other_batches():
+    for packing in ("concat", "pad"):
+        a, b, c = batcher(packing), batcher(packing), batcher(packing, seed=4)
+        xa, xb, xc = ([x.next().idx for _ in range(5)] for x in (a, b, c))
+        assert all(torch.equal(p, q) for p, q in zip(xa, xb))
+        assert not all(torch.equal(p, q) for p, q in zip(xa, xc))
+
+
+@pytest.mark.parametrize("packing", ["concat", "pad"])
+def test_resume_replays_the_uninterrupted_run(packing):
+    straight = batcher(packing)
+    expected = [straight.next() for _ in range(7)]
+    first = batcher(packing)
+    for _ in range(3):
+        first.next()
+    state = first.state_dict()
+    resumed = batcher(packing)
+    resumed.load_state_dict(state)
+    for want in expected[3:]:
+        got = resumed.next()
+        assert torch.equal(got.idx, want.idx) and torch.equal(got.targets, want.targets)
+    with pytest.raises(DataError, match=r"differs from this run in \['seed'\]"):
+        batcher(packing, seed=9).load_state_dict(state)
+
+
+@pytest.mark.parametrize("packing", ["concat", "pad"])
+def test_ranks_split_the_global_batch(packing):
+    whole = batcher(packing)
+    parts = [batcher(packing, rank=r, world_size=3) for r in range(3)]
+    for _ in range(4):
+        full = whole.next()
+        pieces = [p.next() for p in parts]
+        assert all(p.idx.shape == (2, 4) for p in pieces)
+        assert torch.equal(torch.cat([p.idx for p in pieces]), full.idx)
+        assert torch.equal(torch.cat([p.targets for p in pieces]), full.targets)
+
+
+def test_fixed_batches_repeat_exactly():
+    kw = dict(n_batches=3, block_size=4, batch_size=4, packing="pad", pad_id=PAD, seed=0)
+    one, two = fixed_batches(TOKENS, DOCS, **kw), fixed_batches(TOKENS, DOCS, **kw)
+    assert len(one) == 3
+    for a, b in zip(one, two):
+        assert torch.equal(a.idx, b.idx) and torch.equal(a.valid_mask, b.valid_mask)
+
+
+def test_bad_batching_input():
+    with pytest.raises(DataError, match="22 tokens, shorter than one block"):
+        batcher("concat", block_size=22)
+    batcher("concat", block_size=21)   # exactly one window of 22 tokens fits
+    with pytest.raises(DataError, match="batch_size=6 must split evenly over world_size=4"):
+        batcher("concat", world_size=4)
+    with pytest.raises(DataError, match="No document has the 2 tokens"):
+        Batcher(np.array([EOT], dtype=np.uint16), np.array([0]), block_size=4, batch_size=1,
+                packing="pad", pad_id=PAD, seed=0)
