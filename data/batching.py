@@ -42,7 +42,8 @@ class Batcher:
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.packing, self.pad_id, self.seed = packing, pad_id, seed
         self.rank, self.world_size = rank, world_size
-        self.rows = slice(rank * (batch_size // world_size), (rank + 1) * (batch_size // world_size))
+        b = batch_size // world_size
+        self.rows = slice(rank * b, (rank + 1) * b)   # this rank's rows of the global batch
         self.pieces = doc_pieces(docs, len(tokens), block_size) if packing == "pad" else None
         if self.pieces is not None and len(self.pieces) == 0:
             raise DataError(f"No document has the 2 tokens one padded row needs; the split "

@@ -174,7 +174,8 @@ def test_errors_leave_the_existing_cache_intact(tmp_path, monkeypatch):
     empty.write_text("\n\n")
     monkeypatch.setattr("data.hub.hub_reachable", lambda: False)
     cases = [
-        (dict(token_dtype="uint16", train_files=[str(huge)]), f"{70_000 + len(set(VAL)) + 2} ids but data.token_dtype"),
+        (dict(token_dtype="uint16", train_files=[str(huge)]),
+         f"{70_000 + len(set(VAL)) + 2} ids but data.token_dtype"),
         (dict(train_files=[str(tmp_path / "missing" / "*.txt")]), "matches no file"),
         (dict(train_files=[str(bad)]), "bad.txt is not valid UTF-8: byte offset 3"),
         (dict(train_files=[str(empty)]), "is empty"),

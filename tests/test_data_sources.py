@@ -107,7 +107,8 @@ def test_text_source_files_globs_and_fraction(tmp_path):
     write(tmp_path / "a" / "2.txt", b"two\n")
     write(tmp_path / "v.txt", b"val\n")
     cfg = DataConfig(source="text", name="t", document="file",
-                     train_files=[str(tmp_path / "a" / "*.txt")], val_files=[str(tmp_path / "v.txt")])
+                     train_files=[str(tmp_path / "a" / "*.txt")],
+                     val_files=[str(tmp_path / "v.txt")])
     corpus = load_corpus(cfg, tmp_path)
     assert (corpus.train, corpus.val) == (["one\n", "two\n"], ["val\n"])
     cfg = DataConfig(source="text", name="t", document="line", val_fraction=0.5,
@@ -117,7 +118,8 @@ def test_text_source_files_globs_and_fraction(tmp_path):
 
 
 def test_text_source_errors(tmp_path):
-    cfg = DataConfig(source="text", name="t", document="file", train_files=[str(tmp_path / "no*.txt")])
+    cfg = DataConfig(source="text", name="t", document="file",
+                     train_files=[str(tmp_path / "no*.txt")])
     with pytest.raises(DataError, match=r"train_files entry .*no\*\.txt' matches no file"):
         load_corpus(cfg, tmp_path)
     bad = write(tmp_path / "bad.txt", "caf\u00e9\n".encode("utf-8") + b"ok \xff\xfe\n")

@@ -6,7 +6,8 @@ from data.errors import DataError
 from data.tokenizer import EOT, PAD, build_tokenizer, encode
 
 TRAIN = ["To be, or not to be: that is the question.\n", "Whether 'tis nobler in the mind\n"
-         "to suffer the slings and arrows of outrageous fortune.\n", "  two  spaces\n\n\tand a tab\n"] * 20
+         "to suffer the slings and arrows of outrageous fortune.\n",
+         "  two  spaces\n\n\tand a tab\n"] * 20
 VAL = ["Or to take arms against a sea of troubles; \u00e9t\u00e9 \u2014 fin.\n"]
 
 
