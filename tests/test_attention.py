@@ -14,6 +14,8 @@ from model import attention
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig, attention_weights
 from model.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 ATOL = 1e-5  # explicit vs sdpa in float32 (issue 2)
 MASK_KINDS = ("none", "causal", "padding", "causal+padding", "fully_masked")
 
