@@ -1,0 +1,465 @@
+"""Train a decoder-only GPT whose attention score scale is a config switch.
+
+    python train.py                                        # tiny model, Tiny Shakespeare, CPU
+    python train.py scaling=none model=small               # pick any option of any group
+    python train.py -m scaling=sqrt_dk,none trainer.seed=1,2      # a sweep under multirun/
+    python train.py trainer.resume=auto hydra.run.dir=outputs/DAY/TIME   # continue that run
+    torchrun --standalone --nproc_per_node=2 train.py      # data parallel, same global batch
+
+Config groups are in configs/ (model, data, scaling, optim, trainer, experiment); what a run
+writes is described in trainer/run_dir.py. Exit codes: 0 done (a diverged run with
+trainer.on_nan=stop included), 2 bad config or data, 3 diverged with trainer.on_nan=raise,
+128+signal when stopped by SIGINT/SIGTERM (a checkpoint to resume from is written first).
+"""
+
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import hydra
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from data.batching import Batcher, fixed_batches
+from data.config import DataConfig
+from data.prepare import prepare
+from model.attention import ScalingConfig
+from model.errors import UserError
+from model.gpt import GPT, GPTConfig
+from trainer.run_dir import (MetricsLog, check_same_model, environment, load_checkpoint,
+                             remove_if_unstarted, rng_state, save_checkpoint, set_rng_state,
+                             write_json)
+from trainer.schema import OptimConfig, TrainerConfig, register_configs
+
+# Evaluation batches are drawn with this seed, whatever trainer.seed: every run of a sweep is
+# scored on the same validation text, so their losses compare.
+EVAL_SEED = 0
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM arrived: the step in flight finished and last.pt was written."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+
+class Diverged(Exception):
+    """The training loss became non-finite and trainer.on_nan=raise."""
+
+
+class StopSignal:
+    """Turn SIGINT/SIGTERM into a flag the loop reads between steps; a second SIGINT aborts."""
+
+    def __enter__(self):
+        self.signum = 0
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def handle(self, signum, frame):
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def pick_device(name: str) -> torch.device:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if name == "auto":
+        name = ("cuda" if torch.cuda.is_available()
+                else "mps" if torch.backends.mps.is_available() else "cpu")
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    if (name.startswith("cuda") and not torch.cuda.is_available()) or (
+            name == "mps" and not torch.backends.mps.is_available()):
+        raise UserError(f"trainer.device={name} is not available on this machine; use "
+                        "trainer.device=auto or cpu.")
+    return torch.device(name)
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Native bf16 matmuls (AMX tiles or AVX512-BF16): there bf16 autocast measured faster than
+    float32 (README "Training"); without them bf16 is emulated and slower."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+
+
+def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype for trainer.precision (None = plain float32)."""
+    if precision == "auto":
+        if device.type == "cuda":
+            precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        elif device.type == "cpu":
+            precision = "bf16" if cpu_has_fast_bf16() else "fp32"
+        else:
+            precision = "fp32"
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def make_optimizer(model: GPT, optim: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                             fused=True if device.type == "cuda" else None)
+
+
+def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
+    """Learning rate of optimizer step `step` (1-based): linear warm-up, then cosine to min_lr."""
+    if step <= optim.warmup_steps:
+        return optim.lr * step / optim.warmup_steps
+    progress = min(1.0, (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps))
+    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (optim.lr - optim.min_lr)
+
+
+def to_device(batch, device: torch.device):
+    valid = None if batch.valid_mask is None else batch.valid_mask.to(device)
+    return batch.idx.to(device), batch.targets.to(device), valid
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t
+
+
+@torch.no_grad()
+def estimate_loss(model, batches, ctx, device) -> float:
+    """Mean loss over fixed batches (all processes), in eval mode."""
+    model.eval()
+    losses = []
+    for batch in batches:
+        idx, targets, valid = to_device(batch, device)
+        with ctx:
+            losses.append(model(idx, targets, valid)[1].float())
+    model.train()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return all_reduce_sum(torch.stack(losses).mean()).item() / world
+
+
+def attention_record(raw: GPT, batch, device) -> dict:
+    """Per-layer attention diagnostics on one fixed batch: mean entropy over heads, max |logit|
+    over heads, mean fraction of saturated rows over heads (issue 4)."""
+    idx, _, valid = to_device(batch, device)
+    stats = raw.attention_stats(idx, valid)
+    return {"attn_entropy": [s["entropy"].mean().item() for s in stats],
+            "attn_max_logit": [s["max_logit"].max().item() for s in stats],
+            "attn_saturated": [s["saturated"].mean().item() for s in stats]}
+
+
+def qk_grad_record(raw: GPT) -> dict:
+    q, k = zip(*(block.attn.qk_grad_norms() for block in raw.blocks))
+    return {"q_grad_norm": sum(q) / len(q), "k_grad_norm": sum(k) / len(k),
+            "q_grad_norm_layers": list(q), "k_grad_norm_layers": list(k)}
+
+
+def train_step(model, raw, batcher, optimizer, scheduler, scaler, ctx, tc, optim, device,
+               want_qk: bool):
+    """One optimizer step over tc.grad_accum micro-batches. Returns device tensors (mean loss,
+    grad norm) and, if want_qk, the q/k projection grad norms (floats: a host sync)."""
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(tc.grad_accum):
+        idx, targets, valid = to_device(batcher.next(), device)
+        # DDP all-reduces gradients on the last micro-step only.
+        last = micro == tc.grad_accum - 1
+        with model.no_sync() if isinstance(model, DDP) and not last else nullcontext():
+            with ctx:
+                _, loss = model(idx, targets, valid)
+            scaler.scale(loss / tc.grad_accum).backward()
+        loss_sum += loss.detach().float()
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), optim.grad_clip or math.inf)
+    qk = qk_grad_record(raw) if want_qk else {}
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum / tc.grad_accum, grad_norm, qk
+
+
+def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
+    """trainer.resume: null (fresh), auto (run_dir's last.pt if any), or a checkpoint path."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        path = run_dir / "checkpoints" / "last.pt"
+        return path if path.exists() else None
+    return Path(hydra.utils.to_absolute_path(resume))
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict:
+    """Train as `cfg` says, writing into run_dir (rank 0); return the summary.
+
+    Raises UserError before writing anything if the config or data is bad, Interrupted after a
+    signal, Diverged on a non-finite loss with trainer.on_nan=raise.
+    """
+    # 1. Plain validated dataclasses from the composed config; nothing is written yet.
+    c = OmegaConf.to_container(cfg, resolve=True)
+    data_cfg, optim, tc = DataConfig(**c["data"]), OptimConfig(**c["optim"]), TrainerConfig(**c["trainer"])
+    scaling = ScalingConfig(**c["scaling"])
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if tc.batch_size % world:
+        raise UserError(f"trainer.batch_size={tc.batch_size} must be a multiple of the number "
+                        f"of processes ({world}): the global batch is split evenly.")
+    device = pick_device(tc.device)
+    amp = autocast_dtype(tc.precision, device)
+    ctx = torch.autocast(device.type, dtype=amp) if amp else nullcontext()
+
+    # 2. Data (a cache outside the run directory), the model, the optimizer.
+    data = prepare(data_cfg)
+    model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=scaling, **c["model"])
+    batch_kw = dict(block_size=model_cfg.block_size, batch_size=tc.batch_size,
+                    packing=data_cfg.packing, pad_id=data.pad_id, rank=rank, world_size=world)
+    batcher = Batcher(data.train, data.train_docs, seed=tc.seed, **batch_kw)
+    val_batches = fixed_batches(data.val, data.val_docs, n_batches=tc.eval_iters,
+                                seed=EVAL_SEED, **batch_kw)
+    train_batches = fixed_batches(data.train, data.train_docs, n_batches=tc.eval_iters,
+                                  seed=EVAL_SEED, **batch_kw)
+    torch.manual_seed(tc.seed)
+    raw = GPT(model_cfg).to(device)
+    optimizer = make_optimizer(raw, optim, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda epoch: lr_at(epoch + 1, optim, tc.max_steps) / optim.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+
+    # 3. Resume: every piece of state that the next step depends on.
+    state = {"step": 0, "best_val_loss": math.inf, "best_step": None, "init_val_loss": None,
+             "final_val_loss": None, "wall_s": 0.0}
+    ckpt_path = resume_path(tc.resume, run_dir)
+    if ckpt_path is not None:
+        ckpt = load_checkpoint(ckpt_path)
+        check_same_model(ckpt["model_config"], asdict(model_cfg), ckpt_path)
+        raw.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+        batcher.load_state_dict(ckpt["sampler"])
+        state.update({k: ckpt[k] for k in state})
+        rngs = ckpt["rng"]
+        set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
+    else:
+        torch.manual_seed(tc.seed + rank)   # dropout masks differ across processes
+    model = torch.compile(raw) if tc.compile else raw
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
+
+    # 4. The run directory (rank 0 writes, the others only compute).
+    ckpt_dir = run_dir / "checkpoints"
+    log = None
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "run.json", {
+            "config": c, "overrides": overrides(), "model_config": asdict(model_cfg),
+            "n_params": raw.num_params(), "world_size": world, "precision": str(amp or "fp32"),
+            "compile": tc.compile, "resumed_from": str(ckpt_path) if ckpt_path else None,
+            "data": data.meta, **environment(device)})
+        shutil.copyfile(data.tokenizer_path, run_dir / "tokenizer.json")
+        log = MetricsLog(run_dir / "metrics.jsonl", resume_step=state["step"] if ckpt_path else None)
+
+    def checkpoint(path: Path, full: bool = True) -> None:
+        rngs = [None] * world
+        if world > 1:
+            dist.all_gather_object(rngs, rng_state())
+        else:
+            rngs = [rng_state()]
+        if rank != 0:
+            return
+        content = {"model": raw.state_dict(), "model_config": asdict(model_cfg), "config": c,
+                   "pad_id": data.pad_id, **state}
+        if full:
+            content.update(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                           scaler=scaler.state_dict(), sampler=batcher.state_dict(), rng=rngs,
+                           world_size=world)
+        save_checkpoint(path, content)
+
+    def evaluate(step: int, lr: float, tokens_per_sec: Optional[float]) -> None:
+        val_loss = estimate_loss(model, val_batches, ctx, device)
+        record = {"kind": "eval", "step": step, "train_loss": estimate_loss(
+            model, train_batches, ctx, device), "val_loss": val_loss,
+            "val_bpb": val_loss / math.log(2) / data.meta["bytes_per_token"]["val"],
+            "lr": lr, "tokens_per_sec": tokens_per_sec}
+        state["final_val_loss"] = val_loss
+        if step == 0:
+            state["init_val_loss"] = val_loss
+        improved = math.isfinite(val_loss) and val_loss < state["best_val_loss"]
+        if improved:
+            state["best_val_loss"], state["best_step"] = val_loss, step
+        if rank == 0:
+            record.update(attention_record(raw, val_batches[0], device))
+            log.write(record)
+            tqdm.write(f"step {step}: train {record['train_loss']:.4f}, val {val_loss:.4f} "
+                       f"({record['val_bpb']:.3f} bits/byte), lr {lr:.2e}"
+                       + (f", {tokens_per_sec:,.0f} tokens/s" if tokens_per_sec else ""))
+        if improved:
+            checkpoint(ckpt_dir / "best.pt", full=False)
+
+    # 5. The loop. Host-device syncs (.item()) happen only at check steps: logging, evaluation,
+    # checkpointing; the non-finite check and, with several processes, the stop signal wait
+    # for them too.
+    step, start = state["step"], time.perf_counter()
+    tokens_per_step = tc.batch_size * tc.grad_accum * model_cfg.block_size
+    bar = tqdm(total=tc.max_steps, initial=step, dynamic_ncols=True,
+               disable=rank != 0 or not sys.stderr.isatty())
+    if step == 0:
+        evaluate(0, lr_at(1, optim, tc.max_steps), None)
+    nonfinite = torch.zeros((), device=device)
+    tokens_per_sec, train_time, last_check, t0 = None, 0.0, step, time.perf_counter()
+    first_step = step
+    diverged, interrupted = False, None
+    with StopSignal() as stop:
+        while step < tc.max_steps:
+            step += 1
+            done = step == tc.max_steps
+            check = (done or step % tc.log_every == 0 or step % tc.eval_every == 0
+                     or step % tc.ckpt_every == 0 or (world == 1 and stop.signum))
+            lr = scheduler.get_last_lr()[0]
+            loss, grad_norm, qk = train_step(ddp, raw, batcher, optimizer, scheduler, scaler,
+                                             ctx, tc, optim, device, want_qk=bool(check))
+            nonfinite += (~torch.isfinite(loss)).float()
+            bar.update(1)
+            if not check:
+                continue
+            # one collective: summed loss, non-finite count, stop requests of all processes
+            flags = all_reduce_sum(torch.stack([loss, nonfinite, torch.tensor(
+                float(stop.signum > 0), device=device)])).tolist()
+            elapsed = time.perf_counter() - t0
+            train_time += elapsed
+            tokens_per_sec = tokens_per_step * (step - last_check) / elapsed
+            last_check = step
+            if flags[1] > 0:
+                diverged = True
+                if rank == 0:
+                    tqdm.write(f"step {step}: non-finite training loss; stopping "
+                               f"(trainer.on_nan={tc.on_nan}).")
+                break
+            if rank == 0:
+                log.write({"kind": "train", "step": step, "loss": flags[0] / world, "lr": lr,
+                           "tokens_per_sec": tokens_per_sec, "grad_norm": grad_norm.item(), **qk})
+                bar.set_postfix(loss=f"{flags[0] / world:.4f}", lr=f"{lr:.2e}",
+                                tok_s=f"{tokens_per_sec:,.0f}")
+            if done or step % tc.eval_every == 0:
+                evaluate(step, lr, tokens_per_sec)
+            state.update(step=step, wall_s=state["wall_s"] + time.perf_counter() - start)
+            start = time.perf_counter()
+            if done or step % tc.ckpt_every == 0 or flags[2] > 0:
+                checkpoint(ckpt_dir / "last.pt")
+            if flags[2] > 0 and not done:
+                interrupted = stop.signum or signal.SIGTERM
+                break
+            t0 = time.perf_counter()
+    bar.close()
+    if log is not None:
+        log.close()
+    if interrupted:
+        raise Interrupted(interrupted, step, ckpt_dir / "last.pt")
+
+    # 6. Samples from the best weights, then the summary.
+    if rank == 0 and not diverged and tc.sample_prompts:
+        write_samples(run_dir, ckpt_dir / "best.pt", raw, data, tc, device)
+    state["wall_s"] += time.perf_counter() - start
+    summary = {"final_val_loss": state["final_val_loss"], "best_val_loss": state["best_val_loss"],
+               "best_step": state["best_step"], "init_val_loss": state["init_val_loss"],
+               "steps": step, "tokens": step * tokens_per_step,
+               "tokens_per_sec": (tokens_per_step * (last_check - first_step) / train_time
+                                  if train_time else None),
+               "n_params": raw.num_params(), "diverged": diverged, "wall_s": state["wall_s"]}
+    summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+               for k, v in summary.items()}
+    if rank == 0:
+        write_json(run_dir / "summary.json", summary)
+    if diverged and tc.on_nan == "raise":
+        raise Diverged(f"non-finite training loss at step {step}; the last good checkpoint is "
+                       f"{ckpt_dir / 'last.pt'} (trainer.on_nan=raise)")
+    return summary
+
+
+def write_samples(run_dir: Path, best: Path, raw: GPT, data, tc: TrainerConfig,
+                  device: torch.device) -> None:
+    if best.exists():
+        raw.load_state_dict(load_checkpoint(best)["model"])
+    prompts = [data.encode(p) or [data.eot_id] for p in tc.sample_prompts]
+    gen = torch.Generator(device=device).manual_seed(tc.seed)
+    raw.eval()
+    outs = raw.generate(prompts, tc.sample_tokens, temperature=tc.sample_temperature,
+                        top_k=tc.sample_top_k, pad_id=data.pad_id, generator=gen)
+    text = "".join(f"--- prompt {p!r} ---\n{p}{data.decode(o)}\n\n"
+                   for p, o in zip(tc.sample_prompts, outs))
+    (run_dir / "samples.txt").write_text(text)
+
+
+def overrides() -> list[str]:
+    """The command-line overrides of this run (empty when called outside Hydra's main)."""
+    from hydra.core.hydra_config import HydraConfig
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def resume_command(run_dir: Path) -> str:
+    keep = [o for o in overrides() if not o.startswith("trainer.resume=")]
+    return " ".join(["python train.py", *keep, "trainer.resume=auto", f"hydra.run.dir={run_dir}"])
+
+
+def paragraph(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() and
+                                cfg.trainer.device != "cpu" else "gloo")
+        shared = [str(run_dir)]
+        dist.broadcast_object_list(shared, src=0)   # only rank 0's Hydra made a directory
+        run_dir = Path(shared[0])
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    try:
+        summary = train(cfg, run_dir)
+    except UserError as err:
+        if rank == 0:
+            remove_if_unstarted(run_dir)
+        print(f"error: {paragraph(err)}", file=sys.stderr)
+        sys.exit(2)
+    except Interrupted as err:
+        if rank == 0:
+            print(f"{err}; checkpoint {err.checkpoint}. Resume with:\n  {resume_command(run_dir)}",
+                  file=sys.stderr)
+        sys.exit(128 + err.signum)
+    except Diverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(3)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0:
+        print(f"best val loss {summary['best_val_loss']:.4f} at step {summary['best_step']} "
+              f"(final {summary['final_val_loss']:.4f}; {summary['steps']} steps, "
+              f"{summary['wall_s']:.0f} s)" if not summary["diverged"] else
+              f"diverged at step {summary['steps']} (non-finite loss)")
+        print(f"run dir: {run_dir}")
+
+
+def main() -> None:
+    register_configs()
+    if int(os.environ.get("RANK", "0")) > 0:
+        # Only rank 0 owns a run directory: the other processes' Hydra must not make one.
+        sys.argv = [a for a in sys.argv if not a.startswith(("hydra.run.dir=",
+                                                             "hydra.output_subdir="))]
+        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null"]
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

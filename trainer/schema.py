@@ -1,0 +1,127 @@
+"""Training configs (optim, trainer) and the typed Hydra schema of the whole config.
+
+The frozen dataclasses here, like GPTConfig, ScalingConfig and DataConfig, validate themselves
+when built. Hydra needs mutable dataclasses to merge command-line overrides into (a frozen
+dataclass makes OmegaConf's node read-only), so `hydra_schema` derives a mutable copy with the
+same field names, types and defaults: the field lists are written once, in the frozen classes,
+and a typo or a wrongly typed override (`model.n_head=abc`) fails when Hydra composes the config.
+"""
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+from model.errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+ON_NAN = ("stop", "raise")
+
+
+def _bad(key: str, value, fix: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is not valid: {fix}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warm-up and cosine decay (nanoGPT's shakespeare_char defaults)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.1          # applied to matrices only (weights of Linear, Embedding)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    min_lr: float = 1e-4               # the cosine ends here at trainer.max_steps
+    grad_clip: float = 1.0             # max global L2 norm; 0 turns clipping off
+
+    def __post_init__(self):
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise _bad("optim.lr", self.lr, "use a positive finite learning rate, e.g. 1e-3.")
+        if not 0 <= self.min_lr <= self.lr:
+            raise _bad("optim.min_lr", self.min_lr, f"use a value in [0, optim.lr={self.lr}].")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise _bad("optim.betas", self.betas, "use two numbers in [0, 1), e.g. [0.9,0.99].")
+        if self.weight_decay < 0 or self.eps <= 0:
+            raise _bad("optim.weight_decay/eps", (self.weight_decay, self.eps),
+                       "weight_decay must be >= 0 and eps > 0.")
+        if self.warmup_steps < 0:
+            raise _bad("optim.warmup_steps", self.warmup_steps, "use 0 or more steps.")
+        if self.grad_clip < 0:
+            raise _bad("optim.grad_clip", self.grad_clip, "use 0 (off) or a positive norm.")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """How long, how big, on what, and what to write. Batch sizes are global (all processes)."""
+
+    max_steps: int = 2000
+    batch_size: int = 12               # sequences per micro-step, summed over processes
+    grad_accum: int = 1                # micro-steps per optimizer step
+    eval_every: int = 250
+    eval_iters: int = 20               # fixed validation batches per evaluation
+    log_every: int = 10                # train records, progress bar and NaN check
+    ckpt_every: int = 500
+    precision: str = "auto"            # auto | fp32 | bf16 | fp16
+    compile: bool = False
+    device: str = "auto"               # auto | cpu | cuda | cuda:N | mps
+    seed: int = 1337
+    resume: Optional[str] = None       # null | auto | path/to/checkpoint.pt
+    on_nan: str = "stop"               # stop | raise
+    sample_prompts: list[str] = field(default_factory=lambda: ["\n", "ROMEO:"])
+    sample_tokens: int = 200
+    sample_temperature: float = 0.8
+    sample_top_k: Optional[int] = 200
+
+    def __post_init__(self):
+        for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters",
+                    "log_every", "ckpt_every"):
+            if getattr(self, key) < 1:
+                raise _bad(f"trainer.{key}", getattr(self, key), "use a positive integer.")
+        if self.precision not in PRECISIONS:
+            raise _bad("trainer.precision", self.precision, f"choose {' | '.join(PRECISIONS)}.")
+        if self.on_nan not in ON_NAN:
+            raise _bad("trainer.on_nan", self.on_nan, f"choose {' | '.join(ON_NAN)}.")
+        if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
+            raise _bad("trainer.device", self.device, "choose auto, cpu, cuda, cuda:N or mps.")
+        if self.sample_tokens < 0 or self.sample_temperature < 0:
+            raise _bad("trainer.sample_tokens/sample_temperature",
+                       (self.sample_tokens, self.sample_temperature), "use values >= 0.")
+        if self.sample_top_k is not None and self.sample_top_k < 1:
+            raise _bad("trainer.sample_top_k", self.sample_top_k, "use null or >= 1.")
+
+
+def hydra_schema(cls: type, exclude: tuple[str, ...] = ()) -> type:
+    """A mutable dataclass with `cls`'s fields (names, types, defaults) minus `exclude`."""
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = field(default=f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = field(default_factory=f.default_factory)
+        else:
+            default = field(default=MISSING)
+        specs.append((f.name, hints[f.name], default))
+    return dataclasses.make_dataclass(f"{cls.__name__}Schema", specs)
+
+
+def register_configs() -> None:
+    """Store the schema `config_schema` that configs/config.yaml lists first in its defaults."""
+    from hydra.core.config_store import ConfigStore
+
+    from data.config import DataConfig
+    from model.attention import ScalingConfig
+    from model.gpt import GPTConfig
+
+    # vocab_size comes from the tokenizer; scaling is its own group at the top level.
+    groups = {"model": hydra_schema(GPTConfig, exclude=("vocab_size", "scaling")),
+              "data": hydra_schema(DataConfig), "scaling": hydra_schema(ScalingConfig),
+              "optim": hydra_schema(OptimConfig), "trainer": hydra_schema(TrainerConfig)}
+    config = dataclasses.make_dataclass(
+        "Config", [(name, schema, field(default_factory=schema)) for name, schema in groups.items()])
+    ConfigStore.instance().store(name="config_schema", node=config)
