@@ -230,12 +230,14 @@ class MultiHeadAttention(nn.Module):
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         if self.scaling.name == "qk_norm":
             q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), normalised over D
-        # 2. one boolean mask, True = may attend; only causal -> let SDPA use is_causal
-        only_causal = causal and valid_mask is None and attn_mask is None
-        allowed, row_ok = build_mask(T, x.device, causal, valid_mask, attn_mask)
-        # 3. attention
+        # 2. one boolean mask, True = may attend (SDPA alone needs none for a plain causal mask)
         explicit = (return_weights or return_stats or self.attn_impl == "explicit"
                     or self.scaling.softcap is not None)
+        only_causal = causal and valid_mask is None and attn_mask is None
+        allowed, row_ok = None, None
+        if explicit or not only_causal:
+            allowed, row_ok = build_mask(T, x.device, causal, valid_mask, attn_mask)
+        # 3. attention
         if explicit:
             y, weights, logits = self._explicit(q, k, v, allowed, row_ok)
         else:
