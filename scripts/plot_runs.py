@@ -116,11 +116,26 @@ class Run:
                         ("vocab_size",))
         return math.log(vocab) if vocab else None
 
+    def setting(self, key: str) -> Optional[str]:
+        """The value of a dotted config key: the override, else run.json's resolved config, so
+        that a run that left optim.lr at its default groups with runs that set the same lr.
+        Numbers are written canonically ("1e-3" and "0.001" are one value)."""
+        value = self.overrides.get(key)
+        if value is None:
+            value = _lookup(self.info, ("config", *key.split(".")))
+        if value is None or isinstance(value, (dict, list)):
+            return None
+        if isinstance(value, bool):
+            return str(value).lower()
+        try:
+            return format(float(value), ".10g")
+        except ValueError:
+            return str(value)
+
     @property
     def lr(self) -> float:
-        """optim.lr from the overrides, else from run.json's config, else NaN."""
-        lr = self.overrides.get(LR_KEY) or _lookup(self.info, ("config", "optim", "lr"),
-                                                   ("optim", "lr"))
+        """optim.lr of the run, NaN if neither the overrides nor run.json give it."""
+        lr = self.setting(LR_KEY)
         return math.nan if lr is None else float(lr)
 
 
@@ -230,7 +245,7 @@ def is_seed_key(key: str) -> bool:
 def varying_keys(runs: list[Run]) -> list[str]:
     """Override keys (seed excluded) whose value differs between runs, in a stable order."""
     keys = sorted({k for r in runs for k in r.overrides if not is_seed_key(k)})
-    return [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
+    return [k for k in keys if len({r.setting(k) for r in runs}) > 1]
 
 
 def _value_order(value):
@@ -250,7 +265,7 @@ def group_runs(runs: list[Run], drop: tuple = ()) -> dict[tuple, list[Run]]:
     keys = [k for k in varying_keys(runs) if k != VARIANT_KEY and k not in drop]
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
-        key = ((VARIANT_KEY, r.variant),) + tuple((k, r.overrides.get(k)) for k in keys)
+        key = ((VARIANT_KEY, r.variant),) + tuple((k, r.setting(k)) for k in keys)
         groups.setdefault(key, []).append(r)
     order = sorted(groups, key=lambda g: (_variant_order(g[0][1]),
                                           [_value_order(v) for _, v in g[1:]]))
@@ -258,7 +273,7 @@ def group_runs(runs: list[Run], drop: tuple = ()) -> dict[tuple, list[Run]]:
 
 
 def group_label(key: tuple) -> str:
-    return ", ".join(f"{k}={v}" for k, v in key)
+    return ", ".join(f"{k}={'default' if v is None else v}" for k, v in key)
 
 
 def mean_std(values: list[float]) -> Optional[tuple[float, Optional[float]]]:
@@ -320,17 +335,19 @@ def results_table(groups: dict[tuple, list[Run]]) -> list[str]:
 def lr_tables(runs: list[Run]) -> list[str]:
     variants = group_runs(runs, drop=(LR_KEY,))
     lrs = sorted({r.lr for r in runs})
-    head = ["| variant | LR sensitivity | best loss | best lr |"]
-    head.append("|---|---:|---:|---:|")
+    # "LRs" says how much of the grid a variant has: on a partial sweep the number is provisional
+    head = ["| variant | LR sensitivity | best loss | best lr | LRs | diverged | still running |"]
+    head.append("|---|---:|---:|---:|---:|---:|---:|")
     grid = ["| variant | " + " | ".join(f"lr={lr:g}" for lr in lrs) + " |",
             "|---|" + "---:|" * len(lrs)]
     for key, vruns in variants.items():
         s = lr_sensitivity(vruns)
         if s is None:
-            head.append(f"| {group_label(key)} | n/a (no loss_at_init) | | |")
+            head.append(f"| {group_label(key)} | n/a (no loss_at_init) | | | | | |")
             continue
         head.append(f"| {group_label(key)} | {s['sensitivity']:.4f} | {s['best']:.4f}"
-                    f" | {s['best_lr']:g} |")
+                    f" | {s['best_lr']:g} | {len(s['per_lr'])}/{len(lrs)}"
+                    f" | {sum(s['diverged'].values())} | {sum(r.partial for r in vruns)} |")
         cells = []
         for lr in lrs:
             if lr not in s["per_lr"]:

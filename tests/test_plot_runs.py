@@ -19,15 +19,15 @@ N_LAYER = 2
 
 
 def make_run(sweep: Path, overrides: list[str], val: list[float], *, diverged=False,
-             finished=True, metrics="ok", eval_at_0=True, tokens_per_sec=1000.0):
+             finished=True, metrics="ok", eval_at_0=True, tokens_per_sec=1000.0, config=None):
     """A Hydra job folder; val holds the val loss of each eval (steps 0, 10, 20, ...)."""
     run = sweep / ",".join(overrides)
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     scaling = next(o.split("=")[1] for o in overrides if o.startswith("scaling="))
     (run / "run.json").write_text(json.dumps(  # the layout train.py writes
-        {"config": {"scaling": {"name": scaling}}, "model_config": {"vocab_size": VOCAB},
-         "overrides": overrides}))
+        {"config": {"scaling": {"name": scaling}, **(config or {})},
+         "model_config": {"vocab_size": VOCAB}, "overrides": overrides}))
     if metrics == "missing":
         return run
     lines = []
@@ -162,7 +162,8 @@ def test_lr_sweep_sensitivity_matches_definition(lr_sweep, tmp_path):
     for scaling in ("none", "qk_norm"):
         sens, best, best_lr, per_lr = expected_sensitivity(lrs, final, init[scaling], scaling)
         row = table_row(lr_part, f"scaling={scaling}")
-        assert row[1:4] == [f"{sens:.4f}", f"{best:.4f}", f"{best_lr:g}"]
+        n_div = sum(x is None for lr in lrs for x in final[(scaling, lr)])
+        assert row[1:] == [f"{sens:.4f}", f"{best:.4f}", f"{best_lr:g}", "3/3", str(n_div), "0"]
         grid = [r for r in lr_part.splitlines() if r.startswith(f"| scaling={scaling} |")][1]
         assert re.findall(r"\d+\.\d{4}", grid) == [f"{p:.4f}" for p in per_lr]
     assert "(1 div.)" in lr_part
@@ -198,3 +199,15 @@ def test_single_run_dir_and_bad_input(tmp_path):
     empty.mkdir()
     proc = run_script(empty, "--out", out)
     assert proc.returncode == 2 and "no run" in proc.stderr
+
+
+def test_lr_left_at_default_groups_with_the_same_lr_set_explicitly(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_run(sweep, ["scaling=dk", "optim.lr=1e-2", "trainer.seed=0"], [4.0, 2.0])
+    make_run(sweep, ["scaling=dk", "trainer.seed=1"], [4.0, 2.5], config={"optim": {"lr": 0.01}})
+    make_run(sweep, ["scaling=dk", "optim.lr=0.1", "trainer.seed=0"], [4.0, 3.0])
+    out = tmp_path / "out"
+    assert run_script(sweep, "--out", out).returncode == 0
+    text = (out / "results.md").read_text()
+    assert table_row(text, "scaling=dk, optim.lr=0.01")[1:3] == ["2", fmt([2.0, 2.5])]
+    assert table_row(text, "scaling=dk, optim.lr=0.1")[1:3] == ["1", "3.0000"]
