@@ -112,8 +112,8 @@ class Run:
                 return float(e["val_loss"])
         if self.summary is not None and self.summary.get("init_val_loss") is not None:
             return float(self.summary["init_val_loss"])
-        vocab = _lookup(self.info, ("model_config", "vocab_size"), ("config", "model", "vocab_size"),
-                        ("vocab_size",))
+        vocab = _lookup(self.info, ("model_config", "vocab_size"),
+                        ("config", "model", "vocab_size"), ("vocab_size",))
         return math.log(vocab) if vocab else None
 
     def setting(self, key: str) -> Optional[str]:
@@ -319,8 +319,8 @@ def _fmt(ms: Optional[tuple[float, Optional[float]]], digits: int = 4) -> str:
 
 
 def results_table(groups: dict[tuple, list[Run]]) -> list[str]:
-    lines = ["| group | seeds | final val loss | best val loss | diverged | still running | tokens/s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| group | seeds | final val loss | best val loss | diverged | still running"
+             " | tokens/s |", "|---|---:|---:|---:|---:|---:|---:|"]
     for key, runs in groups.items():
         ok = [r for r in runs if not r.diverged]
         rates = [r.tokens_per_sec for r in runs if math.isfinite(r.tokens_per_sec)]
@@ -407,7 +407,8 @@ def _styles(groups: dict[tuple, list[Run]]) -> dict[tuple, dict]:
     base = {}
     for v in variants:
         rank = _variant_order(v)[0]
-        base[v] = f"C{rank if rank < len(VARIANT_ORDER) else len(VARIANT_ORDER) + variants.index(v)}"
+        extra = len(VARIANT_ORDER) + variants.index(v)  # unknown variants after the known six
+        base[v] = f"C{rank if rank < len(VARIANT_ORDER) else extra}"
     styles, seen = {}, {}
     dashes = ("-", "--", "-.", ":")
     for key in groups:
@@ -464,9 +465,10 @@ def plot_diagnostics(groups, path: Path) -> None:
         for layer in range(n_layer):
             ax = axes[row][layer]
             for key, runs in groups.items():
-                series = [([e["step"] for e in r.evals if len(e.get(name) or []) > layer],
-                           [_num(e[name][layer]) for e in r.evals if len(e.get(name) or []) > layer])
-                          for r in runs]
+                series = []
+                for r in runs:
+                    has = [e for e in r.evals if len(e.get(name) or []) > layer]
+                    series.append(([e["step"] for e in has], [_num(e[name][layer]) for e in has]))
                 agg = _aggregate(series)
                 if agg is not None:
                     _draw(ax, agg, styles[key], group_label(key))
@@ -513,7 +515,8 @@ def plot_lr(runs: list[Run], path: Path) -> None:
         lrs = sorted(by_lr)
         peaks = [np.nanmax(by_lr[lr]) if np.isfinite(by_lr[lr]).any() else np.nan for lr in lrs]
         ax2.plot(lrs, peaks, marker="o", label=label, **style)
-    ax1.set(xscale="log", xlabel="learning rate (optim.lr)", ylabel="final val loss",
+    ax1.set(xscale="log", xlabel="learning rate (optim.lr)",
+            ylabel="final val loss (clipped at loss_at_init)",
             title="final val loss vs LR (x: a seed diverged)")
     ax2.set(xscale="log", yscale="log", xlabel="learning rate (optim.lr)",
             ylabel="peak max |attention logit|", title="attention-logit growth vs LR")

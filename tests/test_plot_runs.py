@@ -85,6 +85,8 @@ def ablation(tmp_path):
     for (scaling, seed), v in vals.items():
         make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"], v,
                  tokens_per_sec=rates[seed], finished=(scaling, seed) != ("sqrt_dk", 2))
+    running = sweep / "scaling=sqrt_dk,trainer.seed=2" / "metrics.jsonl"
+    running.write_text(running.read_text() + '{"kind": "train", "st')  # caught mid-write
     # diverged, flagged by the summary although its last loss is still finite
     make_run(sweep, ["scaling=none", "trainer.seed=2"], [4.17, 9.0, 12.0], diverged=True)
     make_run(sweep, ["scaling=dk", "trainer.seed=0"], [4.17, 2.0], metrics="missing")
@@ -122,6 +124,7 @@ def test_ablation_table_matches_inputs(ablation, tmp_path):
     assert "scaling=dk" not in text.split("## Skipped")[0].split("## Still running")[0]
     assert "skipped" in proc.stderr and "no metrics.jsonl" in proc.stderr
     assert "scaling=sqrt_dk,trainer.seed=2" in text.split("## Still running")[1]
+    assert "ignored 1 unreadable line(s)" in text.split("## Notes")[1]
 
 
 @pytest.fixture
