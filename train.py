@@ -14,6 +14,7 @@ trainer.on_nan=stop included), 2 bad config or data, 3 diverged with trainer.on_
 
 import math
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -221,6 +222,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     # 2. Data (a cache outside the run directory), the model, the optimizer.
     data = prepare(data_cfg)
     model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=scaling, **c["model"])
+    prompts = [data.encode(p) or [data.eot_id] for p in tc.sample_prompts]   # fail early
     batch_kw = dict(block_size=model_cfg.block_size, batch_size=tc.batch_size,
                     packing=data_cfg.packing, pad_id=data.pad_id, rank=rank, world_size=world)
     batcher = Batcher(data.train, data.train_docs, seed=tc.seed, **batch_kw)
@@ -367,7 +369,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
     # 6. Samples from the best weights, then the summary.
     if rank == 0 and not diverged and tc.sample_prompts:
-        write_samples(run_dir, ckpt_dir / "best.pt", raw, data, tc, device)
+        write_samples(run_dir, ckpt_dir / "best.pt", raw, prompts, data, tc, device)
     state["wall_s"] += time.perf_counter() - start
     summary = {"final_val_loss": state["final_val_loss"], "best_val_loss": state["best_val_loss"],
                "best_step": state["best_step"], "init_val_loss": state["init_val_loss"],
@@ -385,11 +387,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     return summary
 
 
-def write_samples(run_dir: Path, best: Path, raw: GPT, data, tc: TrainerConfig,
-                  device: torch.device) -> None:
+def write_samples(run_dir: Path, best: Path, raw: GPT, prompts: list[list[int]], data,
+                  tc: TrainerConfig, device: torch.device) -> None:
+    """samples.txt: one continuation per trainer.sample_prompts, from the best weights."""
     if best.exists():
         raw.load_state_dict(load_checkpoint(best)["model"])
-    prompts = [data.encode(p) or [data.eot_id] for p in tc.sample_prompts]
     gen = torch.Generator(device=device).manual_seed(tc.seed)
     raw.eval()
     outs = raw.generate(prompts, tc.sample_tokens, temperature=tc.sample_temperature,
@@ -407,7 +409,8 @@ def overrides() -> list[str]:
 
 def resume_command(run_dir: Path) -> str:
     keep = [o for o in overrides() if not o.startswith("trainer.resume=")]
-    return " ".join(["python train.py", *keep, "trainer.resume=auto", f"hydra.run.dir={run_dir}"])
+    args = [*keep, "trainer.resume=auto", f"hydra.run.dir={run_dir}"]
+    return " ".join(["python", "train.py", *map(shlex.quote, args)])
 
 
 def paragraph(err: BaseException) -> str:

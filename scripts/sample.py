@@ -1,0 +1,77 @@
+"""Generate text from a trained run: one batch of prompts, left-padded, with temperature and top-k.
+
+    python scripts/sample.py outputs/DAY/TIME                       # best.pt, prompt "\\n"
+    python scripts/sample.py outputs/DAY/TIME --prompt "ROMEO:" --prompt "JULIET:" \\
+        --max_new_tokens 300 --temperature 0.8 --top_k 200 --checkpoint last
+
+Reads RUN_DIR/tokenizer.json and RUN_DIR/checkpoints/{best,last}.pt; needs no data cache.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from data.tokenizer import encode  # noqa: E402
+from model.attention import ScalingConfig  # noqa: E402
+from model.errors import UserError  # noqa: E402
+from model.gpt import GPT, GPTConfig  # noqa: E402
+from trainer.run_dir import load_checkpoint  # noqa: E402
+
+
+def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, int]:
+    """The run's model with the weights of checkpoints/<which>.pt, and its pad id."""
+    ckpt = load_checkpoint(run_dir / "checkpoints" / f"{which}.pt")
+    fields = dict(ckpt["model_config"])
+    config = GPTConfig(**{**fields, "scaling": ScalingConfig(**fields["scaling"])})
+    model = GPT(config)
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt["pad_id"]
+
+
+def sample(run_dir: Path, prompts: list[str], max_new_tokens: int, temperature: float,
+           top_k: int | None, which: str = "best", seed: int = 0,
+           device: str = "cpu") -> list[str]:
+    """Continuations (prompt included) of each prompt, generated as one batch."""
+    tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+    model, pad_id = load_model(run_dir, which, torch.device(device))
+    ids = [encode(tok, p) for p in prompts]
+    if any(len(i) == 0 for i in ids):
+        raise UserError("Every --prompt must encode to at least one token; pass e.g. "
+                        "--prompt '\\n' for an unconditional sample.")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    outs = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                          pad_id=pad_id, generator=gen)
+    return [p + tok.decode(o, skip_special_tokens=False) for p, o in zip(prompts, outs)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--prompt", action="append", help="repeat for a batch (default: newline)")
+    ap.add_argument("--max_new_tokens", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    ap.add_argument("--top_k", type=int, default=200, help="0 = no top-k filter")
+    ap.add_argument("--checkpoint", choices=("best", "last"), default="best")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    try:
+        texts = sample(args.run_dir, args.prompt or ["\n"], args.max_new_tokens,
+                       args.temperature, args.top_k or None, args.checkpoint, args.seed,
+                       args.device)
+    except UserError as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    for text in texts:
+        print(text, end="\n" + "-" * 40 + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
