@@ -1,0 +1,521 @@
+"""Benchmarks (issue 6): attention against sequence length, the training step, the data path.
+
+    python scripts/bench.py                       # everything; ~15 minutes on a 2-core CPU
+    python scripts/bench.py --quick               # seconds: tiny sizes, few repeats (CI)
+    python scripts/bench.py --parts step data     # some of: matmul attention step data sync
+    python scripts/bench.py --device cuda --attn-precision bf16 --configs gpt2_small
+
+Prints Markdown tables and writes them (--markdown) and everything measured (--json, default
+outputs/bench/<time>.json) with the device, thread count, load and library versions.
+
+How it measures (these machines are shared and noisy, so absolute times drift):
+- Cases compared with each other are interleaved: every round times each case in turn, the
+  order rotating from round to round, so a burst of load hits them all alike. Reported: the
+  median over the timed calls and ratios of medians from the same run.
+- Device work is finished before every clock read (torch.cuda.synchronize on a GPU).
+- Peak memory of one call, beyond what was allocated before it: on CUDA from
+  torch.cuda.max_memory_allocated(); on CPU from the allocation and free events that
+  torch.profiler records with profile_memory=True, summed in time order (the CPU allocator
+  keeps no peak counter). Scratch memory that oneDNN allocates outside PyTorch is not seen.
+- MFU = model.flops_per_token(T) x tokens/s / peak matmul rate, where the peak is the best rate
+  of a square matmul measured here in the step's dtype, not a datasheet figure.
+- The training step is train.py's own train_step (batch fetch, forward, backward, clipping,
+  AdamW, schedule) with train.py's optimizer groups, schedule and precision rules.
+- Batches come from data.batching.Batcher (concat packing) over a memory-mapped file of random
+  token ids as long as the Shakespeare training split: the token cache's access pattern
+  without needing the corpus.
+
+Dimension letters: B batch, T time, C model width, H heads.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from data.batching import Batcher  # noqa: E402
+from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig  # noqa: E402
+from model.gpt import GPT, GPTConfig  # noqa: E402
+from train import autocast_dtype, lr_at, make_optimizer, to_device, train_step  # noqa: E402
+from trainer.schema import OptimConfig, TrainerConfig  # noqa: E402
+
+# nanoGPT's float32 training step for its CPU configuration, measured on this machine kind with
+# its README command (issue 6): the reference our step is compared with.
+NANOGPT_CPU_STEP_MS = 29.8
+SHAKESPEARE_TRAIN_TOKENS = 4_567_669  # the char-level Shakespeare train split (token cache)
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """A model shape and batch for the training-step benchmark."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    block_size: int
+    batch_size: int
+    vocab_size: int = 65  # Tiny Shakespeare's character vocabulary, as in nanoGPT
+    dropout: float = 0.0
+
+
+CONFIGS = {
+    # nanoGPT README's CPU run: 4 layers, 4 heads, 128 wide, block 64, batch 12, dropout 0
+    "nanogpt_cpu": StepConfig(4, 4, 128, 64, 12),
+    # ~10M parameters: nanoGPT's shakespeare_char GPU shape (configs/model/small.yaml), batch 16
+    "10M": StepConfig(6, 6, 384, 256, 16, dropout=0.2),
+    # GPT-2 small (124M) for a GPU; far too slow for a 2-core CPU
+    "gpt2_small": StepConfig(12, 12, 768, 1024, 16, vocab_size=50304),
+}
+
+
+# ---------------------------------------------------------------- timing and memory helpers
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds one call of fn takes, device work included."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def interleave(cases: dict[str, Callable[[], object]], rounds: int, per_round: int,
+               device: torch.device) -> dict[str, list[float]]:
+    """Time every case per_round times in each round, rotating the order; seconds per call."""
+    names = list(cases)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            times[name].extend(timed(cases[name], device) for _ in range(per_round))
+    return times
+
+
+def peak_memory(calls: dict[str, Callable[[], object]], device: torch.device) -> dict[str, int]:
+    """Per call: most bytes held at once during one run of it, beyond what existed before it."""
+    if device.type == "cuda":
+        peaks = {}
+        for name, call in calls.items():
+            sync(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            call()
+            sync(device)
+            peaks[name] = torch.cuda.max_memory_allocated(device) - before
+        return peaks
+    # CPU: one profiler session, each call inside a named range; the allocation (+) and free (-)
+    # events within a range, summed in time order, peak at the call's peak memory.
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for name, call in calls.items():
+            with record_function(name):
+                call()
+    events = list(prof.profiler.kineto_results.events())
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events
+                    if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
+    spans = {e.name(): (e.start_ns(), e.start_ns() + e.duration_ns()) for e in events
+             if e.name() in calls}
+    return {name: max(itertools.accumulate((n for t, n in memory if lo <= t <= hi), initial=0))
+            for name, (lo, hi) in spans.items()}
+
+
+def median_ms(seconds: list[float]) -> float:
+    return 1e3 * statistics.median(seconds)
+
+
+# ---------------------------------------------------------------- environment and peak rate
+
+def environment(device: torch.device) -> dict:
+    """What a reader needs to compare these numbers with theirs."""
+    env = {"device": str(device), "python": platform.python_version(),
+           "torch": torch.__version__, "numpy": np.__version__, "platform": platform.platform(),
+           "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+           "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+           "torch_threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg()),
+           "default_precision": precision_name(autocast_dtype("auto", device))}
+    if device.type == "cpu":
+        env["amx"] = torch.cpu._is_amx_tile_supported()
+        env["avx512_bf16"] = torch.cpu._is_avx512_bf16_supported()
+    if device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version())
+    return env
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def precision_name(dtype: Optional[torch.dtype]) -> str:
+    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def peak_matmul(dtype: torch.dtype, sizes: tuple[int, ...], repeats: int,
+                device: torch.device) -> dict:
+    """Best FLOP/s of an n x n by n x n matmul in dtype over sizes and repeats."""
+    best = {"dtype": precision_name(None if dtype == torch.float32 else dtype), "flops": 0.0}
+    for n in sizes:
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        timed(lambda: a @ b, device)  # warm-up: library initialisation, kernel selection
+        seconds = min(timed(lambda: a @ b, device) for _ in range(repeats))
+        flops = 2 * n**3 / seconds
+        if flops > best["flops"]:
+            best.update(n=n, flops=flops)
+    return best
+
+
+# ---------------------------------------------------------------- 1. attention
+
+def attention_call(impl: str, scaling: str, T: int, B: int, C: int, H: int,
+                   amp: Optional[torch.dtype], device: torch.device) -> Callable[[], None]:
+    """One forward+backward of one causal MultiHeadAttention layer on x (B, T, C)."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(C, H, C // H, ScalingConfig(name=scaling),
+                               attn_impl=impl).to(device)
+    x = torch.randn(B, T, C, device=device, requires_grad=True)
+    grad_y = torch.randn(B, T, C, device=device)
+    ctx = torch.autocast(device.type, dtype=amp) if amp else nullcontext()
+
+    def call() -> None:
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        with ctx:
+            y = layer(x, causal=True)  # (B, T, C)
+        y.backward(grad_y)
+    return call
+
+
+def bench_attention(args, device: torch.device) -> list[dict]:
+    """Rows (T, impl, scaling): fwd+bwd median ms, peak bytes, ratios within the same T."""
+    amp = autocast_dtype(args.attn_precision, device)
+    rows = []
+    for T in args.seq_lens:
+        B = max(1, args.attn_tokens // T)
+        calls = {(impl, s): attention_call(impl, s, T, B, args.attn_width, args.attn_heads,
+                                           amp, device)
+                 for impl in ("explicit", "sdpa") for s in SCALINGS}
+        for call in calls.values():
+            call()  # warm-up
+        names = {f"{impl}/{s}": (impl, s) for impl, s in calls}
+        peaks = {names[n]: b for n, b in peak_memory({n: calls[names[n]] for n in names},
+                                                       device).items()}
+        times = interleave(calls, args.rounds, args.per_round, device)
+        ms = {key: median_ms(t) for key, t in times.items()}
+        for (impl, s), t in times.items():
+            rows.append({"T": T, "B": B, "impl": impl, "scaling": s, "ms": ms[impl, s],
+                         "times_ms": [1e3 * x for x in t], "peak_bytes": peaks[impl, s],
+                         "speedup_vs_explicit": ms["explicit", s] / ms[impl, s],
+                         "time_vs_sqrt_dk": ms[impl, s] / ms[impl, "sqrt_dk"],
+                         "memory_vs_explicit": peaks[impl, s] / peaks["explicit", s]})
+        del calls
+        print(f"attention T={T} done", file=sys.stderr)
+    return rows
+
+
+# ---------------------------------------------------------------- 2. training step and 3. data
+
+def token_file(folder: Path, n_tokens: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+    """A read-only memmap of n_tokens random ids below vocab_size, like the token cache's."""
+    path = folder / f"tokens-{vocab_size}-{n_tokens}.bin"
+    if not path.exists():
+        ids = np.random.default_rng(seed).integers(0, vocab_size, n_tokens, dtype=np.uint16)
+        ids.tofile(path)
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+class StepCase:
+    """One model, optimizer and batch stream in one precision, with or without compile."""
+
+    def __init__(self, cfg: StepConfig, precision: str, compile_: bool, tokens: np.ndarray,
+                 device: torch.device):
+        self.cfg, self.precision, self.compile, self.device = cfg, precision, compile_, device
+        self.tc = TrainerConfig(batch_size=cfg.batch_size, precision=precision, compile=compile_)
+        self.optim = OptimConfig()
+        amp = autocast_dtype(precision, device)
+        self.ctx = torch.autocast(device.type, dtype=amp) if amp else nullcontext()
+        torch.manual_seed(0)
+        self.raw = GPT(GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.block_size,
+                                 n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model,
+                                 dropout=cfg.dropout)).to(device)
+        self.model = torch.compile(self.raw) if compile_ else self.raw
+        self.optimizer = make_optimizer(self.raw, self.optim, device)
+        max_steps = 10_000
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda e: lr_at(e + 1, self.optim, max_steps) / self.optim.lr)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+        self.batcher = Batcher(tokens, None, block_size=cfg.block_size,
+                               batch_size=cfg.batch_size, packing="concat", pad_id=0, seed=0)
+
+    def step(self) -> None:
+        train_step(self.model, self.raw, self.batcher, self.optimizer, self.scheduler,
+                   self.scaler, self.ctx, self.tc, self.optim, self.device, want_qk=False)
+
+
+def bench_steps(args, device: torch.device, peaks: dict[str, float], folder: Path) -> tuple:
+    """Rows per (config, precision, compile) and per config's batch fetch."""
+    step_rows, data_rows = [], []
+    for name in args.configs:
+        cfg = CONFIGS[name]
+        tokens = token_file(folder, args.n_tokens, cfg.vocab_size)
+        cases = {(p, c): StepCase(cfg, p, c, tokens, device)
+                 for c in args.compile for p in args.precisions}
+        warmup = {key: [timed(case.step, device) for _ in range(args.warmup)]
+                  for key, case in cases.items()}
+        fetcher = Batcher(tokens, None, block_size=cfg.block_size, batch_size=cfg.batch_size,
+                          packing="concat", pad_id=0, seed=1)
+        calls = {key: case.step for key, case in cases.items()}
+        calls["fetch"] = lambda: to_device(fetcher.next(), device)
+        times = interleave(calls, args.rounds, args.per_round, device)
+        step_rows += step_table(name, cfg, cases, times, warmup, peaks)
+        data_rows.append(data_row(name, times))
+        print(f"step {name} done", file=sys.stderr)
+    return step_rows, data_rows
+
+
+def step_table(name: str, cfg: StepConfig, cases: dict, times: dict, warmup: dict,
+               peaks: dict[str, float]) -> list[dict]:
+    tokens = cfg.batch_size * cfg.block_size
+    base = median_ms(times["fp32", False]) if ("fp32", False) in times else None
+    rows = []
+    for (p, c), case in cases.items():
+        ms = median_ms(times[p, c])
+        tok_s = tokens / (ms / 1e3)
+        flops = case.raw.flops_per_token(cfg.block_size) * tok_s
+        peak = peaks.get(precision_name(autocast_dtype(p, case.device)))
+        rows.append({"config": name, "precision": p, "compile": c, "ms": ms,
+                     "times_ms": [1e3 * t for t in times[p, c]], "tokens_per_s": tok_s,
+                     "n_params": case.raw.num_params(), "model_flops_per_s": flops,
+                     "mfu": flops / peak if peak else None,
+                     "speedup_vs_fp32_eager": base / ms if base else None,
+                     "speedup_vs_nanogpt": (NANOGPT_CPU_STEP_MS / ms
+                                            if name == "nanogpt_cpu" and case.device.type == "cpu"
+                                            else None),
+                     "warmup_s": warmup[p, c]})
+    return rows
+
+
+def data_row(name: str, times: dict) -> dict:
+    fetch = median_ms(times["fetch"])
+    steps = {key: median_ms(t) for key, t in times.items() if key != "fetch"}
+    fastest = min(steps, key=steps.get)
+    return {"config": name, "fetch_ms": fetch, "fastest_step": list(fastest),
+            "fastest_step_ms": steps[fastest], "share_of_fastest_step": fetch / steps[fastest]}
+
+
+# ---------------------------------------------------------------- 4. host-device syncs
+
+def check_syncs(args, device: torch.device, folder: Path, n_steps: int = 5) -> dict:
+    """Host-device synchronisations in train.py's train_step (a non-logging step), on CUDA.
+
+    torch.cuda.set_sync_debug_mode("warn") warns at every synchronising call (.item(), a
+    blocking copy, ...); the warnings of n_steps steps after a warm-up step are counted.
+    """
+    if device.type != "cuda":
+        return {"measured": False, "why": f"a {device.type} has no host-device sync to find"}
+    cfg = CONFIGS[args.configs[0]]
+    case = StepCase(cfg, "auto", False, token_file(folder, args.n_tokens, cfg.vocab_size),
+                    device)
+    case.step()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(n_steps):
+                case.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    messages = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    return {"measured": True, "config": args.configs[0], "steps": n_steps,
+            "syncs_per_step": len(messages) / n_steps, "messages": sorted(set(messages))[:5]}
+
+
+# ---------------------------------------------------------------- report
+
+def table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    return str(v)
+
+
+def mib(n: int) -> float:
+    return n / 2**20
+
+
+def markdown(result: dict) -> str:
+    env = result["env"]
+    out = [f"# Benchmark ({env['device']}, {env['cpu'] if env['device'] == 'cpu' else env.get('gpu')})",
+           "", f"torch {env['torch']}, Python {env['python']}, {env['torch_threads']} threads, "
+           f"load average {env['loadavg_start'][0]:.2f} at start and "
+           f"{env['loadavg_end'][0]:.2f} at end; default precision here: "
+           f"{env['default_precision']}. Command: `{result['command']}`"]
+    if result.get("matmul"):
+        out += ["", "## Peak matmul rate (measured)", "",
+                table(["dtype", "n", "GFLOP/s"],
+                      [[m["dtype"], m["n"], m["flops"] / 1e9] for m in result["matmul"]])]
+    if result.get("attention"):
+        out += ["", "## Attention layer, forward+backward "
+                f"({result['args']['attn_precision']}; C={result['args']['attn_width']}, "
+                f"H={result['args']['attn_heads']}, B x T = {result['args']['attn_tokens']})", "",
+                attention_markdown(result["attention"])]
+    if result.get("step"):
+        out += ["", "## Training step (train.py's train_step)", "",
+                table(["config", "params", "precision", "compile", "ms/step", "tokens/s", "MFU",
+                       "vs fp32 eager", f"vs nanoGPT {NANOGPT_CPU_STEP_MS} ms", "warm-up s"],
+                      [[r["config"], f"{r['n_params'] / 1e6:.2f}M", r["precision"],
+                        r["compile"], r["ms"], r["tokens_per_s"], r["mfu"],
+                        r["speedup_vs_fp32_eager"], r["speedup_vs_nanogpt"],
+                        " / ".join(f"{s:.2f}" for s in r["warmup_s"])]
+                       for r in result["step"]])]
+    if result.get("data"):
+        out += ["", "## Data path (Batcher.next + to_device)", "",
+                table(["config", "fetch ms", "fastest step", "step ms", "share"],
+                      [[r["config"], r["fetch_ms"], " ".join(map(str, r["fastest_step"])),
+                        r["fastest_step_ms"], f"{100 * r['share_of_fastest_step']:.2f}%"]
+                       for r in result["data"]])]
+    if result.get("sync"):
+        out += ["", "## Host-device syncs per train_step", "", json.dumps(result["sync"])]
+    return "\n".join(out) + "\n"
+
+
+def attention_markdown(rows: list[dict]) -> str:
+    by = {(r["T"], r["impl"], r["scaling"]): r for r in rows}
+    body = []
+    for T, s in sorted({(r["T"], r["scaling"]) for r in rows},
+                       key=lambda k: (k[0], SCALINGS.index(k[1]))):
+        e, d = by[T, "explicit", s], by[T, "sdpa", s]
+        body.append([T, e["B"], s, e["ms"], d["ms"], d["speedup_vs_explicit"],
+                     e["time_vs_sqrt_dk"], d["time_vs_sqrt_dk"], mib(e["peak_bytes"]),
+                     mib(d["peak_bytes"]), d["memory_vs_explicit"]])
+    return table(["T", "B", "scaling", "explicit ms", "sdpa ms", "sdpa speedup",
+                  "explicit vs sqrt_dk", "sdpa vs sqrt_dk", "explicit MiB", "sdpa MiB",
+                  "sdpa/explicit memory"], body)
+
+
+# ---------------------------------------------------------------- command line
+
+QUICK = {"seq_lens": [16, 32], "attn_tokens": 64, "attn_width": 32, "attn_heads": 2,
+         "configs": ["nanogpt_cpu"], "rounds": 2, "per_round": 1, "warmup": 1,
+         "n_tokens": 10_000, "matmul_sizes": [64, 128]}
+FULL = {"seq_lens": [64, 128, 256, 512, 1024, 2048], "attn_tokens": 8192, "attn_width": 384,
+        "attn_heads": 6, "configs": None, "rounds": 5, "per_round": 3, "warmup": 3,
+        "n_tokens": SHAKESPEARE_TRAIN_TOKENS, "matmul_sizes": None}
+PARTS = ("attention", "step", "sync")
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (seconds)")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                   help="step includes the peak matmul rate and the data path")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--seq-lens", type=int, nargs="+")
+    p.add_argument("--attn-tokens", type=int, help="B x T of the attention benchmark")
+    p.add_argument("--attn-width", type=int, help="C of the attention layer")
+    p.add_argument("--attn-heads", type=int, help="H of the attention layer")
+    p.add_argument("--attn-precision", default="fp32", help="fp32 | bf16 | fp16 | auto")
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS))
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                   help="also time torch.compile'd steps (default: on, off with --quick)")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--per-round", type=int)
+    p.add_argument("--warmup", type=int, help="steps per case before timing (reported)")
+    p.add_argument("--n-tokens", type=int, help="length of the random token file")
+    p.add_argument("--matmul-sizes", type=int, nargs="+")
+    p.add_argument("--json", type=Path, help="default outputs/bench/<time>.json")
+    p.add_argument("--markdown", type=Path, help="also write the tables here")
+    args = p.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.compile = [False, True] if (args.compile if args.compile is not None
+                                     else not args.quick) else [False]
+    return args
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def run(args: argparse.Namespace, device: torch.device, folder: Path) -> dict:
+    if args.configs is None:
+        args.configs = ["nanogpt_cpu", "10M"] + (["gpt2_small"] if device.type == "cuda" else [])
+    if args.matmul_sizes is None:
+        args.matmul_sizes = [4096, 8192] if device.type == "cuda" else [1024, 2048]
+    result = {"command": " ".join(["python scripts/bench.py", *sys.argv[1:]]),
+              "env": environment(device), "args": {k: v for k, v in vars(args).items()
+                                                   if k not in ("json", "markdown")}}
+    if "step" in args.parts:
+        result["matmul"] = [peak_matmul(dtype, tuple(args.matmul_sizes), 5, device)
+                            for dtype in (torch.float32, torch.bfloat16)]
+        peaks = {m["dtype"]: m["flops"] for m in result["matmul"]}
+        result["step"], result["data"] = bench_steps(args, device, peaks, folder)
+    if "attention" in args.parts:
+        result["attention"] = bench_attention(args, device)
+    if "sync" in args.parts:
+        result["sync"] = check_syncs(args, device, folder)
+    result["env"]["loadavg_end"] = list(os.getloadavg())
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as folder:
+        result = run(args, device, Path(folder))
+    text = markdown(result)
+    print(text)
+    path = args.json or ROOT / "outputs" / "bench" / time.strftime("bench-%Y%m%d-%H%M%S.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text)
+    print(f"wrote {path}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()
