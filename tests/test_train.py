@@ -161,7 +161,8 @@ def test_run_directory_contents(tiny, tmp_path):
 def test_weight_decay_on_matrices_only(tiny):
     cfg = make_config([*tiny, "scaling=qk_norm"])
     model = GPT(GPTConfig(vocab_size=30, scaling=ScalingConfig(**cfg.scaling), **cfg.model))
-    decay, no_decay = train.make_optimizer(model, OptimConfig(), train.pick_device("cpu")).param_groups
+    optimizer = train.make_optimizer(model, OptimConfig(), train.pick_device("cpu"))
+    decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"])
     assert no_decay["params"] and all(p.dim() < 2 for p in no_decay["params"])
@@ -190,7 +191,8 @@ def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path, monkeypatch):
     summary = train.train(make_config([*tiny, "trainer.resume=auto"]), tmp_path / "resumed")
     assert summary["steps"] == 8
     for kind in ("train", "eval"):
-        straight, resumed = records(tmp_path / "straight", kind), records(tmp_path / "resumed", kind)
+        straight = records(tmp_path / "straight", kind)
+        resumed = records(tmp_path / "resumed", kind)
         key = "loss" if kind == "train" else "val_loss"
         assert [r["step"] for r in resumed] == [r["step"] for r in straight]
         assert [r[key] for r in resumed] == [r[key] for r in straight]   # bit for bit
@@ -325,3 +327,18 @@ def test_two_process_torchrun_matches_one_process(tiny, tmp_path):
         assert [r["step"] for r in one] == [r["step"] for r in two]
         assert [r[key] for r in two] == pytest.approx([r[key] for r in one], abs=1e-5)
     assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_sweep_writes_one_folder_per_run_named_by_its_overrides(tiny, tmp_path):
+    sweep = tmp_path / "sweep"
+    out = run_cli(["-m", *tiny, "trainer.max_steps=2", "scaling=sqrt_dk,none",
+                   f"hydra.sweep.dir={sweep}"])
+    assert out.returncode == 0, out.stderr
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(runs) == 2
+    for run, scaling in zip(runs, ("none", "sqrt_dk")):
+        assert f"scaling={scaling}," in run.name and "trainer.max_steps=2" in run.name
+        assert "train_files" not in run.name and "sample_prompts" not in run.name
+        assert (run / ".hydra" / "overrides.yaml").is_file()
+        assert json.loads((run / "summary.json").read_text())["steps"] == 2

@@ -78,11 +78,22 @@ def environment(device: torch.device) -> dict:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "numpy": np.__version__, "hydra": hydra.__version__,
                      "omegaconf": omegaconf.__version__, "tokenizers": tokenizers.__version__},
-        "device": {"type": device.type, "name": (torch.cuda.get_device_name(device)
-                                                 if device.type == "cuda" else platform.processor()),
+        "device": {"type": device.type,
+                   "name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                            else cpu_name()),
                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "platform": platform.platform(),
     }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 class MetricsLog:

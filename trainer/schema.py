@@ -67,6 +67,7 @@ class TrainerConfig:
     precision: str = "auto"            # auto | fp32 | bf16 | fp16
     compile: bool = False
     device: str = "auto"               # auto | cpu | cuda | cuda:N | mps
+    threads: Optional[int] = None      # CPU intra-op threads; null = PyTorch's default
     seed: int = 1337
     resume: Optional[str] = None       # null | auto | path/to/checkpoint.pt
     on_nan: str = "stop"               # stop | raise
@@ -86,6 +87,8 @@ class TrainerConfig:
             raise _bad("trainer.on_nan", self.on_nan, f"choose {' | '.join(ON_NAN)}.")
         if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
             raise _bad("trainer.device", self.device, "choose auto, cpu, cuda, cuda:N or mps.")
+        if self.threads is not None and self.threads < 1:
+            raise _bad("trainer.threads", self.threads, "use null (PyTorch's default) or >= 1.")
         if self.sample_tokens < 0 or self.sample_temperature < 0:
             raise _bad("trainer.sample_tokens/sample_temperature",
                        (self.sample_tokens, self.sample_temperature), "use values >= 0.")
@@ -123,5 +126,6 @@ def register_configs() -> None:
               "data": hydra_schema(DataConfig), "scaling": hydra_schema(ScalingConfig),
               "optim": hydra_schema(OptimConfig), "trainer": hydra_schema(TrainerConfig)}
     config = dataclasses.make_dataclass(
-        "Config", [(name, schema, field(default_factory=schema)) for name, schema in groups.items()])
+        "Config", [(name, schema, field(default_factory=schema))
+                   for name, schema in groups.items()])
     ConfigStore.instance().store(name="config_schema", node=config)
