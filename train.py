@@ -281,7 +281,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         print(f"data {data_cfg.name}: {len(data.train):,} train / {len(data.val):,} val tokens, "
               f"vocab {data.vocab_size}; model {raw.num_params() / 1e6:.2f}M parameters; "
               f"{device} {precision}, {torch.get_num_threads()} thread(s) x {world} process(es)"
-              + (f"; resuming from {ckpt_path} at step {state['step']}" if ckpt_path else ""))
+              + (f"; resuming from {ckpt_path} at step {state['step']}" if ckpt_path else "")
+              + ("; trainer.resume=auto found no checkpoint: starting fresh"
+                 if tc.resume == "auto" and not ckpt_path else ""))
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / "run.json", {
             "config": c, "overrides": overrides(), "model_config": asdict(model_cfg),
@@ -474,7 +476,8 @@ def hydra_main(cfg: DictConfig) -> None:
               f"(final {summary['final_val_loss']:.4f}; {summary['steps']} steps, "
               f"{summary['wall_s']:.0f} s)" if not summary["diverged"] else
               f"diverged at step {summary['steps']} (non-finite loss)")
-        print(f"run dir: {run_dir}")
+        inside = run_dir.resolve().is_relative_to(Path.cwd().resolve())
+        print(f"run dir: {os.path.relpath(run_dir) if inside else run_dir}")
 
 
 def main() -> None:
