@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -176,28 +176,28 @@ def qk_grad_record(raw: GPT) -> dict:
             "q_grad_norm_layers": list(q), "k_grad_norm_layers": list(k)}
 
 
-def train_step(model, raw, batcher, optimizer, scheduler, scaler, ctx, tc, optim, device,
-               want_qk: bool):
-    """One optimizer step over tc.grad_accum micro-batches. Returns device tensors (mean loss,
-    grad norm) and, if want_qk, the q/k projection grad norms (floats: a host sync)."""
-    loss_sum = torch.zeros((), device=device)
-    for micro in range(tc.grad_accum):
-        idx, targets, valid = to_device(batcher.next(), device)
+def train_step(r: "Run", want_qk: bool):
+    """One optimizer step over trainer.grad_accum micro-batches. Returns device tensors (mean
+    loss, grad norm) and, if want_qk, the q/k projection grad norms (floats: a host sync)."""
+    accum = r.tc.grad_accum
+    loss_sum = torch.zeros((), device=r.device)
+    for micro in range(accum):
+        idx, targets, valid = to_device(r.batcher.next(), r.device)
         # DDP all-reduces gradients on the last micro-step only.
-        last = micro == tc.grad_accum - 1
-        with model.no_sync() if isinstance(model, DDP) and not last else nullcontext():
-            with ctx:
-                _, loss = model(idx, targets, valid)
-            scaler.scale(loss / tc.grad_accum).backward()
+        last = micro == accum - 1
+        with r.ddp.no_sync() if isinstance(r.ddp, DDP) and not last else nullcontext():
+            with r.ctx:
+                _, loss = r.ddp(idx, targets, valid)
+            r.scaler.scale(loss / accum).backward()
         loss_sum += loss.detach().float()
-    scaler.unscale_(optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), optim.grad_clip or math.inf)
-    qk = qk_grad_record(raw) if want_qk else {}
-    scaler.step(optimizer)
-    scaler.update()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss_sum / tc.grad_accum, grad_norm, qk
+    r.scaler.unscale_(r.optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(r.raw.parameters(), r.optim.grad_clip or math.inf)
+    qk = qk_grad_record(r.raw) if want_qk else {}
+    r.scaler.step(r.optimizer)
+    r.scaler.update()
+    r.scheduler.step()
+    r.optimizer.zero_grad(set_to_none=True)
+    return loss_sum / accum, grad_norm, qk
 
 
 def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
@@ -210,13 +210,37 @@ def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
     return Path(hydra.utils.to_absolute_path(resume))
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict:
-    """Train as `cfg` says, writing into run_dir (rank 0); return the summary.
+@dataclass
+class Run:
+    """Everything a run is made of, built once from the composed config by `build`."""
 
-    Raises UserError before writing anything if the config or data is bad, Interrupted after a
-    signal, Diverged on a non-finite loss with trainer.on_nan=raise.
-    """
-    # 1. Plain validated dataclasses from the composed config; nothing is written yet.
+    c: dict                    # the resolved config as plain containers (saved with checkpoints)
+    optim: OptimConfig
+    tc: TrainerConfig
+    rank: int
+    world: int
+    device: torch.device
+    precision: str
+    ctx: object                # autocast context (or nullcontext for float32)
+    data: object               # data.prepare.PreparedData
+    model_cfg: GPTConfig
+    prompts: list              # token ids of trainer.sample_prompts
+    batcher: Batcher
+    val_batches: list
+    train_batches: list
+    raw: GPT                   # the plain module: state dicts, diagnostics, sampling
+    model: torch.nn.Module     # raw, or torch.compile(raw)
+    ddp: torch.nn.Module       # model, or DDP(model) with several processes
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    state: dict = field(default_factory=lambda: {
+        "step": 0, "best_val_loss": math.inf, "best_step": None, "init_val_loss": None,
+        "final_val_loss": None, "wall_s": 0.0})
+
+
+def build(cfg: DictConfig) -> Run:
+    """Validated dataclasses, data, model, optimizer. Writes nothing but the data cache."""
     c = OmegaConf.to_container(cfg, resolve=True)
     data_cfg, scaling = DataConfig(**c["data"]), ScalingConfig(**c["scaling"])
     optim, tc = OptimConfig(**c["optim"]), TrainerConfig(**c["trainer"])
@@ -228,161 +252,181 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         torch.set_num_threads(tc.threads)
     device = pick_device(tc.device)
     amp = autocast_dtype(tc.precision, device, c["model"]["d_model"])
-    ctx = torch.autocast(device.type, dtype=amp) if amp else nullcontext()
 
-    # 2. Data (a cache outside the run directory), the model, the optimizer.
     data = prepare(data_cfg)
     model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=scaling, **c["model"])
     prompts = [data.encode(p) or [data.eot_id] for p in tc.sample_prompts]   # fail early
     batch_kw = dict(block_size=model_cfg.block_size, batch_size=tc.batch_size,
                     packing=data_cfg.packing, pad_id=data.pad_id, rank=rank, world_size=world)
-    batcher = Batcher(data.train, data.train_docs, seed=tc.seed, **batch_kw)
-    val_batches = fixed_batches(data.val, data.val_docs, n_batches=tc.eval_iters,
-                                seed=EVAL_SEED, **batch_kw)
-    train_batches = fixed_batches(data.train, data.train_docs, n_batches=tc.eval_iters,
-                                  seed=EVAL_SEED, **batch_kw)
+    fixed_kw = dict(n_batches=tc.eval_iters, seed=EVAL_SEED, **batch_kw)
     torch.manual_seed(tc.seed)
     raw = GPT(model_cfg).to(device)
-    optimizer = make_optimizer(raw, optim, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda epoch: lr_at(epoch + 1, optim, tc.max_steps) / optim.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-
-    # 3. Resume: every piece of state that the next step depends on.
-    state = {"step": 0, "best_val_loss": math.inf, "best_step": None, "init_val_loss": None,
-             "final_val_loss": None, "wall_s": 0.0}
-    ckpt_path = resume_path(tc.resume, run_dir)
-    if ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path)
-        if "optimizer" not in ckpt:
-            raise UserError(f"trainer.resume={ckpt_path} holds weights only (best.pt); resume "
-                            "from checkpoints/last.pt, which holds the whole training state.")
-        check_same_model(ckpt["model_config"], asdict(model_cfg), ckpt_path)
-        raw.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        batcher.load_state_dict(ckpt["sampler"])
-        state.update({k: ckpt[k] for k in state})
-        rngs = ckpt["rng"]
-        set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
-    else:
-        torch.manual_seed(tc.seed + rank)   # dropout masks differ across processes
     model = torch.compile(raw) if tc.compile else raw
     ddp = model
     if world > 1:
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = make_optimizer(raw, optim, device)
+    return Run(
+        c=c, optim=optim, tc=tc, rank=rank, world=world, device=device,
+        precision={None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp],
+        ctx=torch.autocast(device.type, dtype=amp) if amp else nullcontext(),
+        data=data, model_cfg=model_cfg, prompts=prompts,
+        batcher=Batcher(data.train, data.train_docs, seed=tc.seed, **batch_kw),
+        val_batches=fixed_batches(data.val, data.val_docs, **fixed_kw),
+        train_batches=fixed_batches(data.train, data.train_docs, **fixed_kw),
+        raw=raw, model=model, ddp=ddp, optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda epoch: lr_at(epoch + 1, optim, tc.max_steps) / optim.lr),
+        scaler=torch.amp.GradScaler(device.type, enabled=amp == torch.float16))
 
-    # 4. The run directory (rank 0 writes, the others only compute).
-    ckpt_dir = run_dir / "checkpoints"
-    log = None
-    precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
-    if rank == 0:
-        print(f"data {data_cfg.name}: {len(data.train):,} train / {len(data.val):,} val tokens, "
-              f"vocab {data.vocab_size}; model {raw.num_params() / 1e6:.2f}M parameters; "
-              f"{device} {precision}, {torch.get_num_threads()} thread(s) x {world} process(es)"
-              + (f"; resuming from {ckpt_path} at step {state['step']}" if ckpt_path else "")
-              + ("; trainer.resume=auto found no checkpoint: starting fresh"
-                 if tc.resume == "auto" and not ckpt_path else ""))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "run.json", {
-            "config": c, "overrides": overrides(), "model_config": asdict(model_cfg),
-            "n_params": raw.num_params(), "world_size": world,
-            "precision": precision,
-            "compile": tc.compile, "resumed_from": str(ckpt_path) if ckpt_path else None,
-            "data": data.meta, **environment(device)})
-        shutil.copyfile(data.tokenizer_path, run_dir / "tokenizer.json")
-        log = MetricsLog(run_dir / "metrics.jsonl",
-                         resume_step=state["step"] if ckpt_path else None)
 
-    def checkpoint(path: Path, full: bool = True) -> None:
-        rngs = [None] * world
-        if world > 1:
-            dist.all_gather_object(rngs, rng_state())
-        else:
-            rngs = [rng_state()]
-        if rank != 0:
-            return
-        content = {"model": raw.state_dict(), "model_config": asdict(model_cfg), "config": c,
-                   "pad_id": data.pad_id, **state}
-        if full:
-            content.update(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                           scaler=scaler.state_dict(), sampler=batcher.state_dict(), rng=rngs,
-                           world_size=world)
-        save_checkpoint(path, content)
+def restore(r: Run, path: Path) -> None:
+    """Load every piece of state the next step depends on from a last.pt checkpoint."""
+    ckpt = load_checkpoint(path)
+    if "optimizer" not in ckpt:
+        raise UserError(f"trainer.resume={path} holds weights only (best.pt); resume "
+                        "from checkpoints/last.pt, which holds the whole training state.")
+    check_same_model(ckpt["model_config"], asdict(r.model_cfg), path)
+    r.raw.load_state_dict(ckpt["model"])
+    r.optimizer.load_state_dict(ckpt["optimizer"])
+    r.scheduler.load_state_dict(ckpt["scheduler"])
+    r.scaler.load_state_dict(ckpt["scaler"])
+    r.batcher.load_state_dict(ckpt["sampler"])
+    r.state.update({k: ckpt[k] for k in r.state})
+    rngs = ckpt["rng"]
+    set_rng_state(rngs[r.rank] if len(rngs) == r.world else rngs[0])
 
-    def evaluate(step: int, lr: float, tokens_per_sec: Optional[float]) -> None:
-        val_loss = estimate_loss(model, val_batches, ctx, device)
-        record = {"kind": "eval", "step": step, "train_loss": estimate_loss(
-            model, train_batches, ctx, device), "val_loss": val_loss,
-            "val_bpb": val_loss / math.log(2) / data.meta["bytes_per_token"]["val"],
-            "lr": lr, "tokens_per_sec": tokens_per_sec}
-        state["final_val_loss"] = val_loss
-        if step == 0:
-            state["init_val_loss"] = val_loss
-        improved = math.isfinite(val_loss) and val_loss < state["best_val_loss"]
-        if improved:
-            state["best_val_loss"], state["best_step"] = val_loss, step
-        if rank == 0:
-            record.update(attention_record(raw, val_batches[0], device))
-            log.write(record)
-            tqdm.write(f"step {step}: train {record['train_loss']:.4f}, val {val_loss:.4f} "
-                       f"({record['val_bpb']:.3f} bits/byte), lr {lr:.2e}"
-                       + (f", {tokens_per_sec:,.0f} tokens/s" if tokens_per_sec else ""))
-        if improved:
-            checkpoint(ckpt_dir / "best.pt", full=False)
 
-    # 5. The loop. Host-device syncs (.item()) happen only at check steps: logging, evaluation,
-    # checkpointing; the non-finite check and, with several processes, the stop signal wait
-    # for them too.
-    step, start = state["step"], time.perf_counter()
-    tokens_per_step = tc.batch_size * tc.grad_accum * model_cfg.block_size
-    bar = tqdm(total=tc.max_steps, initial=step, dynamic_ncols=True,
-               disable=rank != 0 or not sys.stderr.isatty())
+def save(r: Run, path: Path, full: bool = True) -> None:
+    """Write a checkpoint (rank 0). full=False: weights only, for best.pt. Call on every rank:
+    the RNG states of all processes are gathered."""
+    rngs = [None] * r.world
+    if r.world > 1:
+        dist.all_gather_object(rngs, rng_state())
+    else:
+        rngs = [rng_state()]
+    if r.rank != 0:
+        return
+    content = {"model": r.raw.state_dict(), "model_config": asdict(r.model_cfg), "config": r.c,
+               "pad_id": r.data.pad_id, **r.state}
+    if full:
+        content.update(optimizer=r.optimizer.state_dict(), scheduler=r.scheduler.state_dict(),
+                       scaler=r.scaler.state_dict(), sampler=r.batcher.state_dict(), rng=rngs,
+                       world_size=r.world)
+    save_checkpoint(path, content)
+
+
+def evaluate(r: Run, log: Optional[MetricsLog], ckpt_dir: Path, step: int, lr: float,
+             tokens_per_sec: Optional[float]) -> None:
+    """Validation and training loss on the fixed batches, attention diagnostics, best.pt."""
+    val_loss = estimate_loss(r.model, r.val_batches, r.ctx, r.device)
+    record = {"kind": "eval", "step": step,
+              "train_loss": estimate_loss(r.model, r.train_batches, r.ctx, r.device),
+              "val_loss": val_loss,
+              "val_bpb": val_loss / math.log(2) / r.data.meta["bytes_per_token"]["val"],
+              "lr": lr, "tokens_per_sec": tokens_per_sec}
+    r.state["final_val_loss"] = val_loss
     if step == 0:
-        evaluate(0, lr_at(1, optim, tc.max_steps), None)
-    nonfinite = torch.zeros((), device=device)
-    tokens_per_sec, train_time, last_check, t0 = None, 0.0, step, time.perf_counter()
-    first_step = step
-    diverged, interrupted = False, None
+        r.state["init_val_loss"] = val_loss
+    improved = math.isfinite(val_loss) and val_loss < r.state["best_val_loss"]
+    if improved:
+        r.state["best_val_loss"], r.state["best_step"] = val_loss, step
+    if r.rank == 0:
+        record.update(attention_record(r.raw, r.val_batches[0], r.device))
+        log.write(record)
+        tqdm.write(f"step {step}: train {record['train_loss']:.4f}, val {val_loss:.4f} "
+                   f"({record['val_bpb']:.3f} bits/byte), lr {lr:.2e}"
+                   + (f", {tokens_per_sec:,.0f} tokens/s" if tokens_per_sec else ""))
+    if improved:
+        save(r, ckpt_dir / "best.pt", full=False)
+
+
+def start_run_dir(r: Run, run_dir: Path, resumed_from: Optional[Path]) -> MetricsLog:
+    """Print what is about to run; write run.json and tokenizer.json; open metrics.jsonl."""
+    print(f"data {r.c['data']['name']}: {len(r.data.train):,} train / {len(r.data.val):,} val "
+          f"tokens, vocab {r.data.vocab_size}; model {r.raw.num_params() / 1e6:.2f}M "
+          f"parameters; {r.device} {r.precision}, {torch.get_num_threads()} thread(s) x "
+          f"{r.world} process(es)"
+          + (f"; resuming from {resumed_from} at step {r.state['step']}" if resumed_from else "")
+          + ("; trainer.resume=auto found no checkpoint: starting fresh"
+             if r.tc.resume == "auto" and not resumed_from else ""))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "run.json", {
+        "config": r.c, "overrides": overrides(), "model_config": asdict(r.model_cfg),
+        "n_params": r.raw.num_params(), "world_size": r.world, "precision": r.precision,
+        "compile": r.tc.compile, "resumed_from": str(resumed_from) if resumed_from else None,
+        "data": r.data.meta, **environment(r.device)})
+    shutil.copyfile(r.data.tokenizer_path, run_dir / "tokenizer.json")
+    return MetricsLog(run_dir / "metrics.jsonl",
+                      resume_step=r.state["step"] if resumed_from else None)
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict:
+    """Train as `cfg` says, writing into run_dir (rank 0); return the summary.
+
+    Raises UserError before writing anything if the config or data is bad, Interrupted after a
+    signal, Diverged on a non-finite loss with trainer.on_nan=raise.
+    """
+    # 1. Build everything, resume if asked; only then write the run directory.
+    r = build(cfg)
+    tc, optim = r.tc, r.optim
+    ckpt_path = resume_path(tc.resume, run_dir)
+    if ckpt_path is not None:
+        restore(r, ckpt_path)
+    else:
+        torch.manual_seed(tc.seed + r.rank)   # dropout masks differ across processes
+    ckpt_dir = run_dir / "checkpoints"
+    log = start_run_dir(r, run_dir, ckpt_path) if r.rank == 0 else None
+
+    # 2. The loop. Host-device syncs (.item()) happen only at check steps (logging, evaluation,
+    # checkpointing); the non-finite check and, with several processes, the stop signal wait
+    # for them.
+    step = first_step = last_check = r.state["step"]
+    start = t0 = time.perf_counter()
+    tokens_per_step = tc.batch_size * tc.grad_accum * r.model_cfg.block_size
+    bar = tqdm(total=tc.max_steps, initial=step, dynamic_ncols=True,
+               disable=r.rank != 0 or not sys.stderr.isatty())
+    if step == 0:
+        evaluate(r, log, ckpt_dir, 0, lr_at(1, optim, tc.max_steps), None)
+    nonfinite = torch.zeros((), device=r.device)
+    tokens_per_sec, train_time, diverged, interrupted = None, 0.0, False, None
     with StopSignal() as stop:
         while step < tc.max_steps:
             step += 1
             done = step == tc.max_steps
             check = (done or step % tc.log_every == 0 or step % tc.eval_every == 0
-                     or step % tc.ckpt_every == 0 or (world == 1 and stop.signum))
-            lr = scheduler.get_last_lr()[0]
-            loss, grad_norm, qk = train_step(ddp, raw, batcher, optimizer, scheduler, scaler,
-                                             ctx, tc, optim, device, want_qk=bool(check))
+                     or step % tc.ckpt_every == 0 or (r.world == 1 and stop.signum))
+            lr = r.scheduler.get_last_lr()[0]
+            loss, grad_norm, qk = train_step(r, want_qk=bool(check))
             nonfinite += (~torch.isfinite(loss)).float()
             bar.update(1)
             if not check:
                 continue
             # one collective: summed loss, non-finite count, stop requests of all processes
-            flags = all_reduce_sum(torch.stack([loss, nonfinite, torch.tensor(
-                float(stop.signum > 0), device=device)])).tolist()
+            loss_sum, bad, stop_asked = all_reduce_sum(torch.stack([loss, nonfinite, torch.tensor(
+                float(stop.signum > 0), device=r.device)])).tolist()
             elapsed = time.perf_counter() - t0
             train_time += elapsed
             tokens_per_sec = tokens_per_step * (step - last_check) / elapsed
             last_check = step
-            if flags[1] > 0:
+            if bad > 0:
                 diverged = True
-                if rank == 0:
+                if r.rank == 0:
                     tqdm.write(f"step {step}: non-finite training loss; stopping "
                                f"(trainer.on_nan={tc.on_nan}).")
                 break
-            if rank == 0:
-                log.write({"kind": "train", "step": step, "loss": flags[0] / world, "lr": lr,
+            if r.rank == 0:
+                log.write({"kind": "train", "step": step, "loss": loss_sum / r.world, "lr": lr,
                            "tokens_per_sec": tokens_per_sec, "grad_norm": grad_norm.item(), **qk})
-                bar.set_postfix(loss=f"{flags[0] / world:.4f}", lr=f"{lr:.2e}",
+                bar.set_postfix(loss=f"{loss_sum / r.world:.4f}", lr=f"{lr:.2e}",
                                 tok_s=f"{tokens_per_sec:,.0f}")
             if done or step % tc.eval_every == 0:
-                evaluate(step, lr, tokens_per_sec)
-            state.update(step=step, wall_s=state["wall_s"] + time.perf_counter() - start)
+                evaluate(r, log, ckpt_dir, step, lr, tokens_per_sec)
+            r.state.update(step=step, wall_s=r.state["wall_s"] + time.perf_counter() - start)
             start = time.perf_counter()
-            if done or step % tc.ckpt_every == 0 or flags[2] > 0:
-                checkpoint(ckpt_dir / "last.pt")
-            if flags[2] > 0 and not done:
+            if done or step % tc.ckpt_every == 0 or stop_asked > 0:
+                save(r, ckpt_dir / "last.pt")
+            if stop_asked > 0 and not done:
                 interrupted = stop.signum or signal.SIGTERM
                 break
             t0 = time.perf_counter()
@@ -392,19 +436,20 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if interrupted:
         raise Interrupted(interrupted, step, ckpt_dir / "last.pt")
 
-    # 6. Samples from the best weights, then the summary.
-    if rank == 0 and not diverged and tc.sample_prompts:
-        write_samples(run_dir, ckpt_dir / "best.pt", raw, prompts, data, tc, device)
-    state["wall_s"] += time.perf_counter() - start
-    summary = {"final_val_loss": state["final_val_loss"], "best_val_loss": state["best_val_loss"],
-               "best_step": state["best_step"], "init_val_loss": state["init_val_loss"],
+    # 3. Samples from the best weights, then the summary.
+    if r.rank == 0 and not diverged and tc.sample_prompts:
+        write_samples(r, run_dir, ckpt_dir / "best.pt")
+    r.state["wall_s"] += time.perf_counter() - start
+    s = r.state
+    summary = {"final_val_loss": s["final_val_loss"], "best_val_loss": s["best_val_loss"],
+               "best_step": s["best_step"], "init_val_loss": s["init_val_loss"],
                "steps": step, "tokens": step * tokens_per_step,
                "tokens_per_sec": (tokens_per_step * (last_check - first_step) / train_time
                                   if train_time else None),
-               "n_params": raw.num_params(), "diverged": diverged, "wall_s": state["wall_s"]}
+               "n_params": r.raw.num_params(), "diverged": diverged, "wall_s": s["wall_s"]}
     summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in summary.items()}
-    if rank == 0:
+    if r.rank == 0:
         write_json(run_dir / "summary.json", summary)
     if diverged and tc.on_nan == "raise":
         raise Diverged(f"non-finite training loss at step {step}; the last good checkpoint is "
@@ -412,17 +457,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     return summary
 
 
-def write_samples(run_dir: Path, best: Path, raw: GPT, prompts: list[list[int]], data,
-                  tc: TrainerConfig, device: torch.device) -> None:
+def write_samples(r: Run, run_dir: Path, best: Path) -> None:
     """samples.txt: one continuation per trainer.sample_prompts, from the best weights."""
     if best.exists():
-        raw.load_state_dict(load_checkpoint(best)["model"])
-    gen = torch.Generator(device=device).manual_seed(tc.seed)
-    raw.eval()
-    outs = raw.generate(prompts, tc.sample_tokens, temperature=tc.sample_temperature,
-                        top_k=tc.sample_top_k, pad_id=data.pad_id, generator=gen)
-    text = "".join(f"--- prompt {p!r} ---\n{p}{data.decode(o)}\n\n"
-                   for p, o in zip(tc.sample_prompts, outs))
+        r.raw.load_state_dict(load_checkpoint(best)["model"])
+    gen = torch.Generator(device=r.device).manual_seed(r.tc.seed)
+    r.raw.eval()
+    outs = r.raw.generate(r.prompts, r.tc.sample_tokens, temperature=r.tc.sample_temperature,
+                          top_k=r.tc.sample_top_k, pad_id=r.data.pad_id, generator=gen)
+    text = "".join(f"--- prompt {p!r} ---\n{p}{r.data.decode(o)}\n\n"
+                   for p, o in zip(r.tc.sample_prompts, outs))
     (run_dir / "samples.txt").write_text(text)
 
 
