@@ -176,28 +176,30 @@ def qk_grad_record(raw: GPT) -> dict:
             "q_grad_norm_layers": list(q), "k_grad_norm_layers": list(k)}
 
 
-def train_step(r: "Run", want_qk: bool):
-    """One optimizer step over trainer.grad_accum micro-batches. Returns device tensors (mean
-    loss, grad norm) and, if want_qk, the q/k projection grad norms (floats: a host sync)."""
-    accum = r.tc.grad_accum
-    loss_sum = torch.zeros((), device=r.device)
-    for micro in range(accum):
-        idx, targets, valid = to_device(r.batcher.next(), r.device)
+def train_step(model, raw, batcher, optimizer, scheduler, scaler, ctx, tc, optim, device,
+               want_qk: bool):
+    """One optimizer step over tc.grad_accum micro-batches. `model` is what runs forward
+    (raw, compiled or DDP-wrapped), `raw` the plain module. Returns device tensors (mean loss,
+    grad norm) and, if want_qk, the q/k projection grad norms (floats: a host sync).
+    scripts/bench.py times this function: keep its signature in step with the benchmark."""
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(tc.grad_accum):
+        idx, targets, valid = to_device(batcher.next(), device)
         # DDP all-reduces gradients on the last micro-step only.
-        last = micro == accum - 1
-        with r.ddp.no_sync() if isinstance(r.ddp, DDP) and not last else nullcontext():
-            with r.ctx:
-                _, loss = r.ddp(idx, targets, valid)
-            r.scaler.scale(loss / accum).backward()
+        last = micro == tc.grad_accum - 1
+        with model.no_sync() if isinstance(model, DDP) and not last else nullcontext():
+            with ctx:
+                _, loss = model(idx, targets, valid)
+            scaler.scale(loss / tc.grad_accum).backward()
         loss_sum += loss.detach().float()
-    r.scaler.unscale_(r.optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(r.raw.parameters(), r.optim.grad_clip or math.inf)
-    qk = qk_grad_record(r.raw) if want_qk else {}
-    r.scaler.step(r.optimizer)
-    r.scaler.update()
-    r.scheduler.step()
-    r.optimizer.zero_grad(set_to_none=True)
-    return loss_sum / accum, grad_norm, qk
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), optim.grad_clip or math.inf)
+    qk = qk_grad_record(raw) if want_qk else {}
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum / tc.grad_accum, grad_norm, qk
 
 
 def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
@@ -397,7 +399,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             check = (done or step % tc.log_every == 0 or step % tc.eval_every == 0
                      or step % tc.ckpt_every == 0 or (r.world == 1 and stop.signum))
             lr = r.scheduler.get_last_lr()[0]
-            loss, grad_norm, qk = train_step(r, want_qk=bool(check))
+            loss, grad_norm, qk = train_step(r.ddp, r.raw, r.batcher, r.optimizer, r.scheduler,
+                                             r.scaler, r.ctx, tc, optim, r.device,
+                                             want_qk=bool(check))
             nonfinite += (~torch.isfinite(loss)).float()
             bar.update(1)
             if not check:
