@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from model.errors import ConfigError
 
@@ -129,3 +129,14 @@ def register_configs() -> None:
         "Config", [(name, schema, field(default_factory=schema))
                    for name, schema in groups.items()])
     ConfigStore.instance().store(name="config_schema", node=config)
+    OmegaConf.register_new_resolver("div", exact_division, replace=True)
+
+
+def exact_division(a: int, b: int) -> int:
+    """`${div:a,b}` in a config: a / b when it divides evenly. configs/experiment/head_width.yaml
+    sets `model.n_head: ${div:${model.d_model},${model.d_head}}` to vary the head width at a
+    fixed model width."""
+    if b <= 0 or a % b:
+        raise ConfigError(f"${{div:{a},{b}}}: {a} is not a multiple of {b}; choose values whose "
+                          "ratio is a whole number (e.g. model.d_head dividing model.d_model).")
+    return a // b
