@@ -19,11 +19,13 @@ How it measures (these machines are shared and noisy, so absolute times drift):
   keeps no peak counter). Scratch memory that oneDNN allocates outside PyTorch is not seen.
 - MFU = model.flops_per_token(T) x tokens/s / peak matmul rate, where the peak is the best rate
   of a square matmul measured here in the step's dtype, not a datasheet figure.
-- The training step is train.py's own train_step (batch fetch, forward, backward, clipping,
-  AdamW, schedule) with train.py's optimizer groups, schedule and precision rules.
-- Batches come from data.batching.Batcher (concat packing) over a memory-mapped file of random
-  token ids as long as the Shakespeare training split: the token cache's access pattern
-  without needing the corpus.
+- The training step is train.py's own: each case is what `python train.py <overrides>` builds
+  (train.build: model, AdamW groups, schedule, precision, compile), stepped with
+  train.train_step (batch fetch, forward, backward, clipping, AdamW, schedule).
+- The data is a corpus of random characters as long as the Shakespeare training split, with
+  exactly the config's vocabulary (65 ids: nanoGPT's character vocabulary), prepared by
+  data.prepare into a token cache in a temporary folder and batched by data.batching.Batcher
+  (concat packing): the real data path, without needing the corpus or the network.
 
 Dimension letters: B batch, T time, C model width, H heads.
 """
@@ -37,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+import unicodedata
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -45,6 +48,9 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -53,9 +59,8 @@ sys.path.insert(0, str(ROOT))
 
 from data.batching import Batcher  # noqa: E402
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig  # noqa: E402
-from model.gpt import GPT, GPTConfig  # noqa: E402
-from train import autocast_dtype, lr_at, make_optimizer, to_device, train_step  # noqa: E402
-from trainer.schema import OptimConfig, TrainerConfig  # noqa: E402
+from train import autocast_dtype, build, to_device, train_step  # noqa: E402
+from trainer.schema import register_configs  # noqa: E402
 
 # nanoGPT's float32 training step for its CPU configuration, measured on this machine kind with
 # its README command (issue 6): the reference our step is compared with.
@@ -79,8 +84,11 @@ class StepConfig:
 CONFIGS = {
     # nanoGPT README's CPU run: 4 layers, 4 heads, 128 wide, block 64, batch 12, dropout 0
     "nanogpt_cpu": StepConfig(4, 4, 128, 64, 12),
-    # ~10M parameters: nanoGPT's shakespeare_char GPU shape (configs/model/small.yaml), batch 16
-    "10M": StepConfig(6, 6, 384, 256, 16, dropout=0.2),
+    # ~10M parameters: nanoGPT's shakespeare_char GPU shape (configs/model/small.yaml), batch 16,
+    # without dropout (a plain GPT, as issue 6's bf16 target was set on) and with small.yaml's
+    # 0.2 (on a CPU dropout > 0 also sends SDPA to its unfused math path)
+    "10M": StepConfig(6, 6, 384, 256, 16),
+    "10M_dropout": StepConfig(6, 6, 384, 256, 16, dropout=0.2),
     # GPT-2 small (124M) for a GPU; far too slow for a 2-core CPU
     "gpt2_small": StepConfig(12, 12, 768, 1024, 16, vocab_size=50304),
 }
@@ -153,8 +161,7 @@ def environment(device: torch.device) -> dict:
            "torch": torch.__version__, "numpy": np.__version__, "platform": platform.platform(),
            "cpu": cpu_name(), "cpu_count": os.cpu_count(),
            "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-           "torch_threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg()),
-           "default_precision": precision_name(autocast_dtype("auto", device))}
+           "torch_threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg())}
     if device.type == "cpu":
         env["amx"] = torch.cpu._is_amx_tile_supported()
         env["avx512_bf16"] = torch.cpu._is_avx512_bf16_supported()
@@ -215,7 +222,7 @@ def attention_call(impl: str, scaling: str, T: int, B: int, C: int, H: int,
 
 def bench_attention(args, device: torch.device) -> list[dict]:
     """Rows (T, impl, scaling): fwd+bwd median ms, peak bytes, ratios within the same T."""
-    amp = autocast_dtype(args.attn_precision, device)
+    amp = autocast_dtype(args.attn_precision, device, args.attn_width)
     rows = []
     for T in args.seq_lens:
         B = max(1, args.attn_tokens // T)
@@ -227,7 +234,7 @@ def bench_attention(args, device: torch.device) -> list[dict]:
         names = {f"{impl}/{s}": (impl, s) for impl, s in calls}
         peaks = {names[n]: b for n, b in peak_memory({n: calls[names[n]] for n in names},
                                                        device).items()}
-        times = interleave(calls, args.rounds, args.per_round, device)
+        times = interleave(calls, args.attn_rounds, 1, device)
         ms = {key: median_ms(t) for key, t in times.items()}
         for (impl, s), t in times.items():
             rows.append({"T": T, "B": B, "impl": impl, "scaling": s, "ms": ms[impl, s],
@@ -242,66 +249,86 @@ def bench_attention(args, device: torch.device) -> list[dict]:
 
 # ---------------------------------------------------------------- 2. training step and 3. data
 
-def token_file(folder: Path, n_tokens: int, vocab_size: int, seed: int = 0) -> np.ndarray:
-    """A read-only memmap of n_tokens random ids below vocab_size, like the token cache's."""
-    path = folder / f"tokens-{vocab_size}-{n_tokens}.bin"
-    if not path.exists():
-        ids = np.random.default_rng(seed).integers(0, vocab_size, n_tokens, dtype=np.uint16)
-        ids.tofile(path)
-    return np.memmap(path, dtype=np.uint16, mode="r")
+def corpus(folder: Path, n_chars: int, vocab_size: int, seed: int = 0) -> list[str]:
+    """Data overrides for a text corpus of random characters whose char vocabulary (two special
+    tokens, newline and vocab_size - 3 other characters) has exactly vocab_size ids."""
+    alphabet = [c for c in map(chr, range(0x21, 0x30000)) if c.isprintable() and not c.isspace()
+                and unicodedata.category(c)[0] != "M" and unicodedata.normalize("NFC", c) == c]
+    alphabet = np.array(alphabet[:vocab_size - 3])
+    rng = np.random.default_rng(seed)
+    for name, n in (("train", n_chars), ("val", max(n_chars // 10, 1000))):
+        path = folder / f"{name}-{vocab_size}-{n_chars}.txt"
+        if not path.exists():
+            chars = alphabet[rng.integers(0, len(alphabet), n)]
+            if name == "train":
+                chars[:len(alphabet)] = alphabet  # every character at least once
+            lines = ("".join(chars[i:i + 100]) for i in range(0, n, 100))  # lines of 100
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return ["data=text", f"data.name=bench{vocab_size}",
+            f"data.train_files=[{folder}/train-{vocab_size}-{n_chars}.txt]",
+            f"data.val_files=[{folder}/val-{vocab_size}-{n_chars}.txt]",
+            f"data.cache_dir={folder}/cache"]
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The config `python train.py <overrides>` would run."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
+        return compose("config", overrides=overrides)
 
 
 class StepCase:
-    """One model, optimizer and batch stream in one precision, with or without compile."""
+    """One training run as train.py builds it (model, optimizer, schedule, precision, compile,
+    batches), stepped with train.py's train_step."""
 
-    def __init__(self, cfg: StepConfig, precision: str, compile_: bool, tokens: np.ndarray,
+    def __init__(self, cfg: StepConfig, precision: str, compile_: bool, data: list[str],
                  device: torch.device):
+        overrides = data + [
+            f"model.n_layer={cfg.n_layer}", f"model.n_head={cfg.n_head}",
+            f"model.d_model={cfg.d_model}", f"model.block_size={cfg.block_size}",
+            f"model.dropout={cfg.dropout}", f"trainer.batch_size={cfg.batch_size}",
+            f"trainer.precision={precision}", f"trainer.compile={compile_}",
+            f"trainer.device={device}", "trainer.threads=null",  # keep this process's count
+            "trainer.eval_iters=1", "trainer.max_steps=100000", "trainer.sample_prompts=[]"]
         self.cfg, self.precision, self.compile, self.device = cfg, precision, compile_, device
-        self.tc = TrainerConfig(batch_size=cfg.batch_size, precision=precision, compile=compile_)
-        self.optim = OptimConfig()
-        amp = autocast_dtype(precision, device)
-        self.ctx = torch.autocast(device.type, dtype=amp) if amp else nullcontext()
-        torch.manual_seed(0)
-        self.raw = GPT(GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.block_size,
-                                 n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model,
-                                 dropout=cfg.dropout)).to(device)
-        self.model = torch.compile(self.raw) if compile_ else self.raw
-        self.optimizer = make_optimizer(self.raw, self.optim, device)
-        max_steps = 10_000
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda e: lr_at(e + 1, self.optim, max_steps) / self.optim.lr)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-        self.batcher = Batcher(tokens, None, block_size=cfg.block_size,
-                               batch_size=cfg.batch_size, packing="concat", pad_id=0, seed=0)
+        self.run = build(compose_config(overrides))
+        self.raw = self.run.raw
+        if self.run.data.vocab_size != cfg.vocab_size:
+            raise RuntimeError(f"the bench corpus has {self.run.data.vocab_size} token ids, "
+                               f"not the {cfg.vocab_size} the config asks for")
 
     def step(self) -> None:
-        train_step(self.model, self.raw, self.batcher, self.optimizer, self.scheduler,
-                   self.scaler, self.ctx, self.tc, self.optim, self.device, want_qk=False)
+        r = self.run
+        train_step(r.ddp, r.raw, r.batcher, r.optimizer, r.scheduler, r.scaler, r.ctx, r.tc,
+                   r.optim, r.device, want_qk=False)
 
 
-def bench_steps(args, device: torch.device, peaks: dict[str, float], folder: Path) -> tuple:
+def bench_steps(args, device: torch.device, folder: Path) -> tuple:
     """Rows per (config, precision, compile) and per config's batch fetch."""
     step_rows, data_rows = [], []
     for name in args.configs:
         cfg = CONFIGS[name]
-        tokens = token_file(folder, args.n_tokens, cfg.vocab_size)
-        cases = {(p, c): StepCase(cfg, p, c, tokens, device)
+        data = corpus(folder, args.n_tokens, cfg.vocab_size)
+        cases = {(p, c): StepCase(cfg, p, c, data, device)
                  for c in args.compile for p in args.precisions}
         warmup = {key: [timed(case.step, device) for _ in range(args.warmup)]
                   for key, case in cases.items()}
+        tokens = next(iter(cases.values())).run.data.train
         fetcher = Batcher(tokens, None, block_size=cfg.block_size, batch_size=cfg.batch_size,
                           packing="concat", pad_id=0, seed=1)
         calls = {key: case.step for key, case in cases.items()}
         calls["fetch"] = lambda: to_device(fetcher.next(), device)
         times = interleave(calls, args.rounds, args.per_round, device)
-        step_rows += step_table(name, cfg, cases, times, warmup, peaks)
+        step_rows += step_table(name, cfg, cases, times, warmup)
         data_rows.append(data_row(name, times))
         print(f"step {name} done", file=sys.stderr)
     return step_rows, data_rows
 
 
-def step_table(name: str, cfg: StepConfig, cases: dict, times: dict, warmup: dict,
-               peaks: dict[str, float]) -> list[dict]:
+def step_table(name: str, cfg: StepConfig, cases: dict, times: dict,
+               warmup: dict) -> list[dict]:
+    """One row per case; "mfu" is filled in by `run` once the peak rate is known."""
     tokens = cfg.batch_size * cfg.block_size
     base = median_ms(times["fp32", False]) if ("fp32", False) in times else None
     rows = []
@@ -309,11 +336,13 @@ def step_table(name: str, cfg: StepConfig, cases: dict, times: dict, warmup: dic
         ms = median_ms(times[p, c])
         tok_s = tokens / (ms / 1e3)
         flops = case.raw.flops_per_token(cfg.block_size) * tok_s
-        peak = peaks.get(precision_name(autocast_dtype(p, case.device)))
-        rows.append({"config": name, "precision": p, "compile": c, "ms": ms,
+        dtype = precision_name(autocast_dtype(p, case.device, cfg.d_model))
+        auto = precision_name(autocast_dtype("auto", case.device, cfg.d_model))
+        rows.append({"config": name, "precision": p, "dtype": dtype, "is_auto": dtype == auto,
+                     "compile": c, "ms": ms,
                      "times_ms": [1e3 * t for t in times[p, c]], "tokens_per_s": tok_s,
                      "n_params": case.raw.num_params(), "model_flops_per_s": flops,
-                     "mfu": flops / peak if peak else None,
+                     "mfu": None,
                      "speedup_vs_fp32_eager": base / ms if base else None,
                      "speedup_vs_nanogpt": (NANOGPT_CPU_STEP_MS / ms
                                             if name == "nanogpt_cpu" and case.device.type == "cpu"
@@ -341,8 +370,7 @@ def check_syncs(args, device: torch.device, folder: Path, n_steps: int = 5) -> d
     if device.type != "cuda":
         return {"measured": False, "why": f"a {device.type} has no host-device sync to find"}
     cfg = CONFIGS[args.configs[0]]
-    case = StepCase(cfg, "auto", False, token_file(folder, args.n_tokens, cfg.vocab_size),
-                    device)
+    case = StepCase(cfg, "auto", False, corpus(folder, args.n_tokens, cfg.vocab_size), device)
     case.step()
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -379,15 +407,17 @@ def mib(n: int) -> float:
 
 def markdown(result: dict) -> str:
     env = result["env"]
-    out = [f"# Benchmark ({env['device']}, {env['cpu'] if env['device'] == 'cpu' else env.get('gpu')})",
+    hardware = env["cpu"] if env["device"] == "cpu" else env.get("gpu")
+    out = [f"# Benchmark ({env['device']}, {hardware})",
            "", f"torch {env['torch']}, Python {env['python']}, {env['torch_threads']} threads, "
            f"load average {env['loadavg_start'][0]:.2f} at start and "
-           f"{env['loadavg_end'][0]:.2f} at end; default precision here: "
-           f"{env['default_precision']}. Command: `{result['command']}`"]
+           f"{env['loadavg_end'][0]:.2f} at end. Command: `{result['command']}`"]
     if result.get("matmul"):
-        out += ["", "## Peak matmul rate (measured)", "",
-                table(["dtype", "n", "GFLOP/s"],
-                      [[m["dtype"], m["n"], m["flops"] / 1e9] for m in result["matmul"]])]
+        end = result.get("matmul_end") or [{}] * len(result["matmul"])
+        out += ["", "## Peak matmul rate (measured at the start, used for MFU, and at the end)",
+                "", table(["dtype", "n", "GFLOP/s", "GFLOP/s at end"],
+                          [[m["dtype"], m["n"], m["flops"] / 1e9, e.get("flops", 0) / 1e9]
+                           for m, e in zip(result["matmul"], end)])]
     if result.get("attention"):
         out += ["", "## Attention layer, forward+backward "
                 f"({result['args']['attn_precision']}; C={result['args']['attn_width']}, "
@@ -397,7 +427,8 @@ def markdown(result: dict) -> str:
         out += ["", "## Training step (train.py's train_step)", "",
                 table(["config", "params", "precision", "compile", "ms/step", "tokens/s", "MFU",
                        "vs fp32 eager", f"vs nanoGPT {NANOGPT_CPU_STEP_MS} ms", "warm-up s"],
-                      [[r["config"], f"{r['n_params'] / 1e6:.2f}M", r["precision"],
+                      [[r["config"], f"{r['n_params'] / 1e6:.2f}M",
+                        r["precision"] + (" (auto)" if r["is_auto"] else ""),
                         r["compile"], r["ms"], r["tokens_per_s"], r["mfu"],
                         r["speedup_vs_fp32_eager"], r["speedup_vs_nanogpt"],
                         " / ".join(f"{s:.2f}" for s in r["warmup_s"])]
@@ -430,10 +461,11 @@ def attention_markdown(rows: list[dict]) -> str:
 # ---------------------------------------------------------------- command line
 
 QUICK = {"seq_lens": [16, 32], "attn_tokens": 64, "attn_width": 32, "attn_heads": 2,
-         "configs": ["nanogpt_cpu"], "rounds": 2, "per_round": 1, "warmup": 1,
+         "attn_rounds": 2, "configs": ["nanogpt_cpu"], "rounds": 2, "per_round": 1, "warmup": 1,
          "n_tokens": 10_000, "matmul_sizes": [64, 128]}
-FULL = {"seq_lens": [64, 128, 256, 512, 1024, 2048], "attn_tokens": 8192, "attn_width": 384,
-        "attn_heads": 6, "configs": None, "rounds": 5, "per_round": 3, "warmup": 3,
+FULL = {"seq_lens": [64, 128, 256, 512, 1024, 2048], "attn_tokens": 4096, "attn_width": 384,
+        "attn_heads": 6, "attn_rounds": 7, "configs": None, "rounds": 5, "per_round": 3,
+        "warmup": 3,
         "n_tokens": SHAKESPEARE_TRAIN_TOKENS, "matmul_sizes": None}
 PARTS = ("attention", "step", "sync")
 
@@ -455,8 +487,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--compile", action=argparse.BooleanOptionalAction,
                    help="also time torch.compile'd steps (default: on, off with --quick)")
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--per-round", type=int)
+    p.add_argument("--attn-rounds", type=int, help="rounds of one call per attention case")
+    p.add_argument("--rounds", type=int, help="rounds of the training-step cases")
+    p.add_argument("--per-round", type=int, help="steps per case per round")
     p.add_argument("--warmup", type=int, help="steps per case before timing (reported)")
     p.add_argument("--n-tokens", type=int, help="length of the random token file")
     p.add_argument("--matmul-sizes", type=int, nargs="+")
@@ -469,6 +502,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     args.compile = [False, True] if (args.compile if args.compile is not None
                                      else not args.quick) else [False]
     return args
+
+
+def matmul_peaks(args, device: torch.device) -> list[dict]:
+    return [peak_matmul(dtype, tuple(args.matmul_sizes), 5, device)
+            for dtype in (torch.float32, torch.bfloat16)]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -486,12 +524,17 @@ def run(args: argparse.Namespace, device: torch.device, folder: Path) -> dict:
               "env": environment(device), "args": {k: v for k, v in vars(args).items()
                                                    if k not in ("json", "markdown")}}
     if "step" in args.parts:
-        result["matmul"] = [peak_matmul(dtype, tuple(args.matmul_sizes), 5, device)
-                            for dtype in (torch.float32, torch.bfloat16)]
-        peaks = {m["dtype"]: m["flops"] for m in result["matmul"]}
-        result["step"], result["data"] = bench_steps(args, device, peaks, folder)
+        result["matmul"] = matmul_peaks(args, device)
+        result["step"], result["data"] = bench_steps(args, device, folder)
     if "attention" in args.parts:
         result["attention"] = bench_attention(args, device)
+    if "step" in args.parts:
+        # measured again at the end: load only lowers a rate, so the better one is the peak
+        result["matmul_end"] = matmul_peaks(args, device)
+        best = {m["dtype"]: max(m["flops"], e["flops"])
+                for m, e in zip(result["matmul"], result["matmul_end"])}
+        for row in result["step"]:
+            row["mfu"] = row["model_flops_per_s"] / best[row["dtype"]]
     if "sync" in args.parts:
         result["sync"] = check_syncs(args, device, folder)
     result["env"]["loadavg_end"] = list(os.getloadavg())

@@ -37,8 +37,7 @@ def test_quick_run_records_the_environment(quick):
     env = result["env"]
     assert env["device"] == "cpu" and env["torch_threads"] == 1
     assert env["torch"] == torch.__version__
-    for key in ("python", "numpy", "cpu", "cpu_count", "loadavg_start", "loadavg_end",
-                "default_precision"):
+    for key in ("python", "numpy", "cpu", "cpu_count", "loadavg_start", "loadavg_end"):
         assert env[key] not in (None, ""), key
     assert result["command"].startswith("python scripts/bench.py --quick")
     assert {m["dtype"] for m in result["matmul"]} == {"fp32", "bf16"}
@@ -72,6 +71,8 @@ def test_quick_run_has_step_and_data_rows(quick):
         assert math.isclose(r["tokens_per_s"], cfg.batch_size * cfg.block_size / (r["ms"] / 1e3))
         assert 0 < r["mfu"] and r["n_params"] > 0 and len(r["warmup_s"]) == 1
         assert math.isclose(r["speedup_vs_nanogpt"], bench.NANOGPT_CPU_STEP_MS / r["ms"])
+    # exactly one precision is what trainer.precision=auto picks for this model
+    assert sum(r["is_auto"] for r in steps.values()) == 1
     assert steps["nanogpt_cpu", "fp32", False]["speedup_vs_fp32_eager"] == 1.0
     (data,) = result["data"]
     assert data["config"] == "nanogpt_cpu" and data["fetch_ms"] > 0
