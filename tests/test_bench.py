@@ -40,8 +40,9 @@ def test_quick_run_records_the_environment(quick):
     for key in ("python", "numpy", "cpu", "cpu_count", "loadavg_start", "loadavg_end"):
         assert env[key] not in (None, ""), key
     assert result["command"].startswith("python scripts/bench.py --quick")
-    assert {m["dtype"] for m in result["matmul"]} == {"fp32", "bf16"}
-    assert all(m["flops"] > 0 for m in result["matmul"])
+    for key in ("matmul", "matmul_end"):  # the peak rate, measured before and after
+        assert {m["dtype"] for m in result[key]} == {"fp32", "bf16"}
+        assert all(m["flops"] > 0 for m in result[key])
 
 
 @pytest.mark.slow
@@ -110,6 +111,19 @@ def test_peak_memory_on_cpu_measures_what_a_call_holds_at_once():
                               torch.device("cpu"))
     assert 8 * MIB <= peaks["big"] < 8 * MIB + 64 * 1024
     assert 3 * MIB <= peaks["two"] < 3 * MIB + 64 * 1024
+
+
+@pytest.mark.parametrize("vocab_size", [65, 300])
+def test_bench_corpus_has_exactly_the_requested_vocabulary(tmp_path, vocab_size):
+    from omegaconf import OmegaConf
+
+    from data.config import DataConfig
+    from data.prepare import prepare
+
+    cfg = bench.compose_config(bench.corpus(tmp_path, 2_000, vocab_size))
+    data = prepare(DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)))
+    assert data.vocab_size == vocab_size
+    assert len(data.train) > 2_000 and int(data.train.max()) < vocab_size
 
 
 def test_interleave_rotates_the_order_and_times_every_call():
