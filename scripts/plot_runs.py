@@ -332,6 +332,32 @@ def results_table(groups: dict[tuple, list[Run]]) -> list[str]:
     return lines
 
 
+def diagnostics_table(groups: dict[tuple, list[Run]]) -> list[str]:
+    """Attention at the first and the last evaluation of each group: mean over layers of the
+    entropy and saturated-row fraction, max over layers of max |logit|; mean over seeds."""
+    lines = ["## Attention diagnostics (first and last evaluation)", "",
+             "Entropy and saturated fraction: mean over layers; max logit: max over layers;"
+             " each the mean over the group's runs.", "",
+             "| group | step | entropy | saturated | max logit | step | entropy | saturated"
+             " | max logit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, runs in groups.items():
+        cells = []
+        for pick in (0, -1):
+            records = [r.evals[pick] for r in runs if r.evals and "attn_entropy" in r.evals[pick]]
+            if not records:
+                cells += ["n/a"] * 4
+                continue
+            entropy = statistics.fmean(statistics.fmean(map(_num, e["attn_entropy"]))
+                                       for e in records)
+            saturated = statistics.fmean(statistics.fmean(map(_num, e["attn_saturated"]))
+                                         for e in records)
+            max_logit = statistics.fmean(max(map(_num, e["attn_max_logit"])) for e in records)
+            cells += [str(records[0].get("step")), f"{entropy:.3f}", f"{saturated:.3f}",
+                      f"{max_logit:.4g}"]
+        lines.append(f"| {group_label(key)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def lr_tables(runs: list[Run]) -> list[str]:
     variants = group_runs(runs, drop=(LR_KEY,))
     lrs = sorted({r.lr for r in runs})
@@ -366,6 +392,7 @@ def markdown_report(roots, runs, groups, skipped, notes, has_lr: bool, lr_runs) 
              "Final and best val loss: mean ± sample std over the runs of the group that did not"
              " diverge; still-running runs use their last eval record.", ""]
     lines += results_table(groups)
+    lines += [""] + diagnostics_table(groups)
     if has_lr:
         lines += [""] + lr_tables(lr_runs)
     partial = [r for r in runs if r.partial]

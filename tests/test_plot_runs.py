@@ -127,6 +127,22 @@ def test_ablation_table_matches_inputs(ablation, tmp_path):
     assert "ignored 1 unreadable line(s)" in text.split("## Notes")[1]
 
 
+def test_diagnostics_table_matches_inputs(ablation, tmp_path):
+    root, vals, _ = ablation
+    out = tmp_path / "out"
+    assert run_script(root, "--out", out).returncode == 0
+    text = (out / "results.md").read_text().split("## Attention diagnostics")[1]
+    entropy = f"{np.mean([1.0 + 0.1 * k for k in range(N_LAYER)]):.3f}"
+    saturated = f"{np.mean([0.01 * k for k in range(N_LAYER)]):.3f}"
+    top = 10 ** N_LAYER   # make_run's max logit of the last layer is val * 10**N_LAYER
+    sq = table_row(text, "scaling=sqrt_dk")
+    assert sq[1:5] == ["0", entropy, saturated, f"{4.17 * top:.4g}"]
+    last = np.mean([vals[("sqrt_dk", s)][-1] for s in range(3)])   # the partial run included
+    assert sq[5:9] == ["20", entropy, saturated, f"{last * top:.4g}"]
+    no = table_row(text, "scaling=none")   # the diverged run included: its logits are data
+    assert no[8] == f"{np.mean([2.8, 2.9, 12.0]) * top:.4g}"
+
+
 @pytest.fixture
 def lr_sweep(tmp_path):
     """scaling x lr x seed; loss_at_init from step 0 for qk_norm, from ln(vocab) for none."""
