@@ -273,6 +273,18 @@ class MultiHeadAttention(nn.Module):
             # the host. So q carries the per-head factor and SDPA multiplies by 1.
             q, s = q * s, 1.0  # (B, H, T, D) * (H, 1, 1)
         p = self.dropout if self.training else 0.0
+        if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # CPU autocast runs SDPA in bf16, whose backward is ~5x slower than float32's on
+            # CPU (scripts/bench.py): compute it in float32, return it in the autocast dtype.
+            with torch.autocast("cpu", enabled=False):
+                y = self._sdpa_call(q.float(), k.float(), v.float(), s, p, only_causal,
+                                    allowed, row_ok)
+            return y.to(torch.get_autocast_dtype("cpu"))
+        return self._sdpa_call(q, k, v, s, p, only_causal, allowed, row_ok)
+
+    @staticmethod
+    def _sdpa_call(q, k, v, s, p, only_causal, allowed, row_ok):
+        """One SDPA call: is_causal for a plain causal mask, else one boolean attn_mask."""
         if only_causal or allowed is None:
             # never attn_mask together with is_causal=True (SCIENCE.md section 4)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=only_causal,

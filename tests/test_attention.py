@@ -111,6 +111,28 @@ def test_explicit_equals_sdpa(name, kind, shape):
     assert (g_e - g_s).abs().max() <= ATOL
 
 
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("name", SCALINGS)
+def test_sdpa_under_cpu_bf16_autocast_runs_in_float32(name, kind):
+    """Under CPU bf16 autocast the SDPA path computes attention in float32 (its bf16 backward is
+    several times slower on CPU, docs/benchmarks.md) and returns bf16 like the explicit path,
+    with the same values to bf16 precision and finite gradients."""
+    B, T, H, D, C = 2, 9, 3, 8, 24
+    mha = make_mha(name, d_model=C, n_head=H, d_head=D)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(B, T, C, generator=gen)
+    kwargs = mask_kwargs(kind, B, T, gen)
+    y32 = mha(x, **kwargs)   # float32 reference, no autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = run_both(mha, x, kwargs)
+    for y, grad in outs:
+        assert y.dtype == torch.bfloat16
+        assert torch.isfinite(grad).all()
+        assert (y.float() - y32.detach()).abs().max() <= 0.05
+    (y_e, _), (y_s, _) = outs
+    assert (y_e.float() - y_s.float()).abs().max() <= 0.05
+
+
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(name=st.sampled_from(SCALINGS), kind=st.sampled_from(MASK_KINDS),
        B=st.integers(1, 3), T=st.integers(1, 11), H=st.integers(1, 3), D=st.integers(1, 9),
