@@ -94,24 +94,21 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-# precision=auto on a CPU with native bf16 matmuls (AMX / AVX512-BF16) picks bf16 autocast only
-# from this model width up. Measured on this 2-core Xeon (README "Training"): at d_model 384
-# bf16 steps ran 1.9-2.4x faster than float32, at d_model 128 they ran ~0.8x as fast (the casts
-# around small matmuls cost more than the matmuls save).
-CPU_BF16_MIN_WIDTH = 256
-
-
 def cpu_has_fast_bf16() -> bool:
-    """Native bf16 matmuls (AMX tiles or AVX512-BF16); elsewhere CPU bf16 is emulated, slow."""
+    """Native bf16 matmuls (AMX tiles or AVX512-BF16); elsewhere CPU bf16 is emulated, slow.
+
+    Measured on this repository's 2-core Xeon (docs/benchmarks.md): bf16 autocast steps ran
+    1.2-1.4x faster than float32 for the tiny model and 2.2-2.6x for the 10M one, once the
+    attention runs SDPA in float32 under CPU autocast (model/attention.py)."""
     return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
 
 
-def autocast_dtype(precision: str, device: torch.device, d_model: int) -> Optional[torch.dtype]:
+def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
     """The autocast dtype for trainer.precision (None = plain float32)."""
     if precision == "auto":
         if device.type == "cuda":
             precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        elif device.type == "cpu" and cpu_has_fast_bf16() and d_model >= CPU_BF16_MIN_WIDTH:
+        elif device.type == "cpu" and cpu_has_fast_bf16():
             precision = "bf16"
         else:
             precision = "fp32"
@@ -136,8 +133,13 @@ def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
 
 
 def to_device(batch, device: torch.device):
-    valid = None if batch.valid_mask is None else batch.valid_mask.to(device)
-    return batch.idx.to(device), batch.targets.to(device), valid
+    """(idx, targets, valid_mask) on the device. On CUDA the copies go from pinned memory with
+    non_blocking=True: a copy from pageable memory would synchronise with the GPU every step."""
+    def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if t is None or device.type != "cuda":
+            return None if t is None else t.to(device)
+        return t.pin_memory().to(device, non_blocking=True)
+    return move(batch.idx), move(batch.targets), move(batch.valid_mask)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -253,7 +255,7 @@ def build(cfg: DictConfig) -> Run:
     if tc.threads is not None:
         torch.set_num_threads(tc.threads)
     device = pick_device(tc.device)
-    amp = autocast_dtype(tc.precision, device, c["model"]["d_model"])
+    amp = autocast_dtype(tc.precision, device)
 
     data = prepare(data_cfg)
     model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=scaling, **c["model"])

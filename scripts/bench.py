@@ -222,7 +222,7 @@ def attention_call(impl: str, scaling: str, T: int, B: int, C: int, H: int,
 
 def bench_attention(args, device: torch.device) -> list[dict]:
     """Rows (T, impl, scaling): fwd+bwd median ms, peak bytes, ratios within the same T."""
-    amp = autocast_dtype(args.attn_precision, device, args.attn_width)
+    amp = autocast_dtype(args.attn_precision, device)
     rows = []
     for T in args.seq_lens:
         B = max(1, args.attn_tokens // T)
@@ -336,8 +336,8 @@ def step_table(name: str, cfg: StepConfig, cases: dict, times: dict,
         ms = median_ms(times[p, c])
         tok_s = tokens / (ms / 1e3)
         flops = case.raw.flops_per_token(cfg.block_size) * tok_s
-        dtype = precision_name(autocast_dtype(p, case.device, cfg.d_model))
-        auto = precision_name(autocast_dtype("auto", case.device, cfg.d_model))
+        dtype = precision_name(autocast_dtype(p, case.device))
+        auto = precision_name(autocast_dtype("auto", case.device))
         rows.append({"config": name, "precision": p, "dtype": dtype, "is_auto": dtype == auto,
                      "compile": c, "ms": ms,
                      "times_ms": [1e3 * t for t in times[p, c]], "tokens_per_s": tok_s,
