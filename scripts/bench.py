@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 from data.batching import Batcher  # noqa: E402
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig  # noqa: E402
 from train import autocast_dtype, build, to_device, train_step  # noqa: E402
+from trainer.run_dir import cpu_name  # noqa: E402
 from trainer.schema import register_configs  # noqa: E402
 
 # nanoGPT's float32 training step for its CPU configuration, measured on this machine kind with
@@ -169,16 +170,6 @@ def environment(device: torch.device) -> dict:
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                    cudnn=torch.backends.cudnn.version())
     return env
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def precision_name(dtype: Optional[torch.dtype]) -> str:
