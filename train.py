@@ -37,9 +37,17 @@ from data.prepare import prepare
 from model.attention import ScalingConfig
 from model.errors import UserError
 from model.gpt import GPT, GPTConfig
-from trainer.run_dir import (MetricsLog, check_same_model, environment, load_checkpoint,
-                             remove_if_unstarted, rng_state, save_checkpoint, set_rng_state,
-                             write_json)
+from trainer.run_dir import (
+    MetricsLog,
+    check_same_model,
+    environment,
+    load_checkpoint,
+    remove_if_unstarted,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    write_json,
+)
 from trainer.schema import OptimConfig, TrainerConfig, register_configs
 
 # Evaluation batches are drawn with this seed, whatever trainer.seed: every run of a sweep is

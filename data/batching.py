@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from data.errors import DataError
-from model.gpt import IGNORE_INDEX   # targets the loss skips: padding positions
+from model.gpt import IGNORE_INDEX  # targets the loss skips: padding positions
 
 
 @dataclass

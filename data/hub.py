@@ -20,7 +20,7 @@ PROBE_TIMEOUT_S = 3.0
 
 def load_hub(cfg) -> Corpus:
     """Load train and validation splits of `cfg.hub_id` and cut them into documents."""
-    import datasets   # imported here: it is slow to import and only hub sources need it
+    import datasets  # imported here: it is slow to import and only hub sources need it
 
     local = os.path.isdir(cfg.hub_id)
     offline = not local and not hub_reachable()

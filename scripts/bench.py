@@ -41,10 +41,11 @@ import tempfile
 import time
 import unicodedata
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -182,8 +183,10 @@ def peak_matmul(dtype: torch.dtype, sizes: tuple[int, ...], repeats: int,
     best = {"dtype": precision_name(None if dtype == torch.float32 else dtype), "flops": 0.0}
     for n in sizes:
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-        timed(lambda: a @ b, device)  # warm-up: library initialisation, kernel selection
-        seconds = min(timed(lambda: a @ b, device) for _ in range(repeats))
+        def matmul(a=a, b=b):
+            return a @ b
+        timed(matmul, device)  # warm-up: library initialisation, kernel selection
+        seconds = min(timed(matmul, device) for _ in range(repeats))
         flops = 2 * n**3 / seconds
         if flops > best["flops"]:
             best.update(n=n, flops=flops)
@@ -309,7 +312,7 @@ def bench_steps(args, device: torch.device, folder: Path) -> tuple:
         fetcher = Batcher(tokens, None, block_size=cfg.block_size, batch_size=cfg.batch_size,
                           packing="concat", pad_id=0, seed=1)
         calls = {key: case.step for key, case in cases.items()}
-        calls["fetch"] = lambda: to_device(fetcher.next(), device)
+        calls["fetch"] = lambda fetcher=fetcher: to_device(fetcher.next(), device)
         times = interleave(calls, args.rounds, args.per_round, device)
         step_rows += step_table(name, cfg, cases, times, warmup)
         data_rows.append(data_row(name, times))

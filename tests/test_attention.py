@@ -328,6 +328,7 @@ def test_science_jacobian_row_12_8_4_0_minus4():
     j1, j8 = softmax_jacobian(scores), softmax_jacobian(scores / 8)
     p1, p8 = scores.softmax(-1), (scores / 8).softmax(-1)
     assert torch.allclose(j1, torch.diag(p1) - torch.outer(p1, p1))  # J = diag(p) - p p^T
+    assert torch.allclose(j8, torch.diag(p8) - torch.outer(p8, p8))
     assert abs(j1[0, 0].item() - 0.02) <= stated_tol("0.02")
     # SCIENCE.md writes 0.43 x 0.57 = 0.25 from rounded factors; the exact entry is 0.2449
     assert j8[0, 0].item() == pytest.approx(0.2449, abs=5e-5)
