@@ -123,6 +123,11 @@ def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
+def precision_name(dtype: Optional[torch.dtype]) -> str:
+    """The trainer.precision name of an autocast dtype (None = float32)."""
+    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
 def make_optimizer(model: GPT, optim: OptimConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -280,7 +285,7 @@ def build(cfg: DictConfig) -> Run:
     optimizer = make_optimizer(raw, optim, device)
     return Run(
         c=c, optim=optim, tc=tc, rank=rank, world=world, device=device,
-        precision={None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp],
+        precision=precision_name(amp),
         ctx=torch.autocast(device.type, dtype=amp) if amp else nullcontext(),
         data=data, model_cfg=model_cfg, prompts=prompts,
         batcher=Batcher(data.train, data.train_docs, seed=tc.seed, **batch_kw),

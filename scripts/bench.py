@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from data.batching import Batcher  # noqa: E402
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig  # noqa: E402
-from train import autocast_dtype, build, to_device, train_step  # noqa: E402
+from train import autocast_dtype, build, precision_name, to_device, train_step  # noqa: E402
 from trainer.run_dir import cpu_name  # noqa: E402
 from trainer.schema import register_configs  # noqa: E402
 
@@ -171,10 +171,6 @@ def environment(device: torch.device) -> dict:
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                    cudnn=torch.backends.cudnn.version())
     return env
-
-
-def precision_name(dtype: Optional[torch.dtype]) -> str:
-    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
 def peak_matmul(dtype: torch.dtype, sizes: tuple[int, ...], repeats: int,
