@@ -6,7 +6,9 @@
 d_head, never d_model) and `M` is the additive mask: 0 where a key may be attended, -inf where
 it may not. The explicit path below computes this equation line by line and keeps the weights
 for plotting and statistics; the SDPA path hands the same q, k, v, scale and mask to
-`F.scaled_dot_product_attention` for speed. tests/test_attention.py holds the two equal.
+`F.scaled_dot_product_attention` for speed (under CPU bf16 autocast a plain causal mask up to
+T = 512 goes to three bf16 matmul calls instead, faster there than torch's CPU SDPA kernels).
+tests/test_attention.py holds the paths equal.
 
 Scale variants (ScalingConfig.name), see SCIENCE.md section 3:
     sqrt_dk   s = 1/sqrt(d_head)                       Vaswani et al. 2017, sec. 3.2.1
@@ -46,6 +48,10 @@ SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm")
 QK_NORMS = ("layernorm", "rmsnorm")
 ATTN_IMPLS = ("auto", "explicit", "sdpa")
 SATURATION_THRESHOLD = 0.99  # a row is "saturated" when its largest weight exceeds this
+# Under CPU bf16 autocast a plain causal SDPA call up to this length runs as bf16 matmuls
+# (MultiHeadAttention._cpu_bf16_causal): 1.5-2x faster than torch's CPU SDPA kernels at T = 64-512
+# on an AMX CPU, slower from T = 1024, where its T x T logits also cost memory (docs/benchmarks.md).
+CPU_BF16_MATMUL_MAX_T = 512
 
 
 @dataclass(frozen=True)
@@ -274,6 +280,10 @@ class MultiHeadAttention(nn.Module):
             q, s = q * s, 1.0  # (B, H, T, D) * (H, 1, 1)
         p = self.dropout if self.training else 0.0
         if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            T = q.shape[2]
+            if (only_causal and T <= CPU_BF16_MATMUL_MAX_T
+                    and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+                return self._cpu_bf16_causal(q, k, v, s, p)
             # CPU autocast runs SDPA in bf16, whose backward is ~5x slower than float32's on
             # CPU (scripts/bench.py): compute it in float32, return it in the autocast dtype.
             with torch.autocast("cpu", enabled=False):
@@ -281,6 +291,27 @@ class MultiHeadAttention(nn.Module):
                                     allowed, row_ok)
             return y.to(torch.get_autocast_dtype("cpu"))
         return self._sdpa_call(q, k, v, s, p, only_causal, allowed, row_ok)
+
+    @staticmethod
+    def _cpu_bf16_causal(q, k, v, s, p):
+        """Causal attention from three bf16 calls (baddbmm, softmax, bmm) for CPU bf16 autocast
+        up to T = CPU_BF16_MATMUL_MAX_T, where this beats both of torch's CPU SDPA kernels.
+
+        The mask is an additive -inf bias that baddbmm adds as it writes the logits, and s
+        scales q (T x D) rather than the logits (T x T). As in the explicit path under autocast,
+        the logits are rounded to bf16 (SDPA's kernels keep them in float32); the softmax
+        computes in float32 and rounds its output. Returns y (B, H, T, D) in bf16.
+        """
+        B, H, T, D = q.shape
+        bf16 = torch.bfloat16
+        with torch.autocast("cpu", enabled=False):
+            q = (q * s).to(bf16).reshape(B * H, T, D)  # a copy: q is a strided view of qkv
+            k = k.to(bf16).reshape(B * H, T, D)
+            v = v.to(bf16).reshape(B * H, T, D)
+            future = torch.full((T, T), float("-inf"), dtype=bf16, device=q.device).triu(1)
+            logits = torch.baddbmm(future, q, k.transpose(1, 2))  # (BH, T, T), -inf above diag
+            weights = F.dropout(logits.softmax(dim=-1), p=p, training=p > 0)
+            return torch.bmm(weights, v).view(B, H, T, D)  # (BH, T, T) @ (BH, T, D)
 
     @staticmethod
     def _sdpa_call(q, k, v, s, p, only_causal, allowed, row_ok):

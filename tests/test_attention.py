@@ -133,6 +133,106 @@ def test_sdpa_under_cpu_bf16_autocast_runs_in_float32(name, kind):
     assert (y_e.float() - y_s.float()).abs().max() <= 0.05
 
 
+def count_sdpa_calls(monkeypatch):
+    """A list that grows by the query dtype at each F.scaled_dot_product_attention call."""
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def counting(q, *args, **kwargs):
+        calls.append(q.dtype)
+        return real(q, *args, **kwargs)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    return calls
+
+
+def grads_of(mha, x, y):
+    """Gradients of a fixed random projection of y with respect to x and every parameter."""
+    gen = torch.Generator().manual_seed(3)
+    (y.float() * torch.randn(y.shape, generator=gen)).sum().backward()
+    grads = [x.grad] + [p.grad for p in mha.parameters()]
+    out = [g.detach().clone() for g in grads]
+    mha.zero_grad(set_to_none=True)
+    x.grad = None
+    return out
+
+
+@pytest.mark.parametrize("T", [1, 9, attention.CPU_BF16_MATMUL_MAX_T])
+@pytest.mark.parametrize("name", SCALINGS)
+def test_cpu_bf16_causal_route_matches_float32(name, T, monkeypatch):
+    """Under CPU bf16 autocast a plain causal SDPA call up to CPU_BF16_MATMUL_MAX_T runs as bf16
+    matmuls, not SDPA: its output and every gradient (x, projections, learned temperatures,
+    qk-norm gains) match the float32 SDPA path to bf16 precision."""
+    B, H, D, C = 2, 3, 8, 24
+    mha = make_mha(name, d_model=C, n_head=H, d_head=D, attn_impl="sdpa")
+    x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(T)).requires_grad_()
+    calls = count_sdpa_calls(monkeypatch)
+    y32 = mha(x, causal=True)
+    g32 = grads_of(mha, x, y32)
+    assert calls == [torch.float32]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y16 = mha(x, causal=True)
+    g16 = grads_of(mha, x, y16)
+    assert calls == [torch.float32]  # no SDPA call under autocast
+    assert y16.dtype == torch.bfloat16
+    assert (y16.float() - y32.detach()).abs().max() <= 0.05 * y32.abs().max()
+    for a, b in zip(g16, g32):
+        # 1-D parameters (temperatures, qk-norm gains) are sums over every position, for
+        # qk_norm in LayerNorm's bf16 CPU backward: 4-9% off at T = 512 whichever attention
+        # kernel runs (measured; the float32 SDPA one too). A wrong scale or mask is O(1) off.
+        rtol = 0.15 if a.dim() == 1 else 0.03
+        assert torch.isfinite(a).all()
+        assert (a - b).norm() <= rtol * b.norm() + 1e-6  # + for the scale at T = 1: grad 0
+
+
+def test_cpu_bf16_causal_route_is_causal():
+    """Changing the last token changes only the last output row on the bf16 matmul route."""
+    mha = make_mha("sqrt_dk", d_model=24, n_head=3, d_head=8, attn_impl="sdpa")
+    x = torch.randn(2, 11, 24, generator=torch.Generator().manual_seed(0))
+    x2 = x.clone()
+    x2[:, -1] += 1.0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, y2 = mha(x, causal=True), mha(x2, causal=True)
+    assert torch.equal(y[:, :-1], y2[:, :-1])
+    assert not torch.equal(y[:, -1], y2[:, -1])
+
+
+@pytest.mark.parametrize("case", ["long", "padding", "not_causal", "float16"])
+def test_cpu_autocast_uses_float32_sdpa_outside_the_bf16_route(case, monkeypatch):
+    """Past CPU_BF16_MATMUL_MAX_T, with a padding mask, without the causal mask or under float16
+    autocast, the SDPA path calls SDPA in float32 once and returns the autocast dtype."""
+    T = attention.CPU_BF16_MATMUL_MAX_T + 1 if case == "long" else 9
+    mha = make_mha("sqrt_dk", d_model=8, n_head=2, d_head=4, attn_impl="sdpa")
+    x = torch.randn(1, T, 8, generator=torch.Generator().manual_seed(1))
+    kwargs = {"causal": case != "not_causal"}
+    if case == "padding":
+        kwargs["valid_mask"] = torch.arange(T)[None, :] < 6
+    dtype = torch.float16 if case == "float16" else torch.bfloat16
+    y32 = mha(x, **kwargs)
+    calls = count_sdpa_calls(monkeypatch)
+    with torch.autocast("cpu", dtype=dtype):
+        y = mha(x, **kwargs)
+    assert calls == [torch.float32]
+    assert y.dtype == dtype
+    assert (y.float() - y32).abs().max() <= 0.02
+
+
+def test_cpu_bf16_causal_route_applies_dropout_while_training():
+    """Attention dropout on the bf16 route: the same seed gives the same output, training
+    differs from evaluation, and evaluation equals a module without dropout."""
+    x = torch.randn(2, 16, 24, generator=torch.Generator().manual_seed(2))
+    mha = make_mha("sqrt_dk", d_model=24, n_head=3, d_head=8, attn_impl="sdpa", dropout=0.5)
+    plain = make_mha("sqrt_dk", d_model=24, n_head=3, d_head=8, attn_impl="sdpa")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(5)
+        a = mha(x)
+        torch.manual_seed(5)
+        b = mha(x)
+        mha.eval()
+        evaluated, reference = mha(x), plain(x)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, evaluated)
+    assert torch.equal(evaluated, reference)
+
+
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(name=st.sampled_from(SCALINGS), kind=st.sampled_from(MASK_KINDS),
        B=st.integers(1, 3), T=st.integers(1, 11), H=st.integers(1, 3), D=st.integers(1, 9),
