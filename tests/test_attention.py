@@ -339,6 +339,30 @@ def test_logits_are_qk_times_the_variant_factor(name):
     assert info.stats["max_logit"] == pytest.approx(logits.abs().amax(dim=(0, 2, 3)), rel=1e-5)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_qk_norm_projects_q_k_v_like_the_fused_layer(bias):
+    """qk_norm projects with the row blocks of the fused qkv weight (contiguous q and k for
+    LayerNorm): the output and the weight gradient equal the fused product's, with or without
+    bias."""
+    B, T, C, H = 2, 7, 24, 3
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(C, H, 8, ScalingConfig("qk_norm"), bias=bias, attn_impl="sdpa")
+    x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(1))
+    y = mha(x)
+    y.square().sum().backward()
+    qkv = mha.qkv(x)  # (B, T, 3HD), the fused product
+    q, k, v = (t.view(B, T, H, 8) for t in qkv.split(H * 8, dim=2))
+    q, k = mha.q_norm(q), mha.k_norm(k)
+    o = nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
+                                                   is_causal=True)
+    ref = mha.proj(o.transpose(1, 2).reshape(B, T, H * 8))
+    grad = mha.qkv.weight.grad.clone()
+    mha.zero_grad()
+    ref.square().sum().backward()
+    assert (y - ref).abs().max() <= ATOL
+    assert (grad - mha.qkv.weight.grad).abs().max() <= ATOL
+
+
 def test_qk_norm_rmsnorm_and_learned_gradients():
     mha = make_mha("qk_norm", norm="rmsnorm")
     assert isinstance(mha.q_norm, nn.RMSNorm)
