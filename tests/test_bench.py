@@ -113,17 +113,19 @@ def test_peak_memory_on_cpu_measures_what_a_call_holds_at_once():
     assert 3 * MIB <= peaks["two"] < 3 * MIB + 64 * 1024
 
 
-@pytest.mark.parametrize("vocab_size", [65, 300])
+@pytest.mark.parametrize("vocab_size", [65, 300, bench.CONFIGS["gpt2_small"].vocab_size])
 def test_bench_corpus_has_exactly_the_requested_vocabulary(tmp_path, vocab_size):
+    """Also GPT-2 small's 50,304 ids (the GPU configuration): that many distinct characters."""
     from omegaconf import OmegaConf
 
     from data.config import DataConfig
     from data.prepare import prepare
 
-    cfg = bench.compose_config(bench.corpus(tmp_path, 2_000, vocab_size))
+    n_chars = max(2_000, vocab_size + 1_000)  # every character at least once
+    cfg = bench.compose_config(bench.corpus(tmp_path, n_chars, vocab_size))
     data = prepare(DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)))
     assert data.vocab_size == vocab_size
-    assert len(data.train) > 2_000 and int(data.train.max()) < vocab_size
+    assert len(data.train) > n_chars and int(data.train.max()) < vocab_size
 
 
 def test_interleave_rotates_the_order_and_times_every_call():
