@@ -235,12 +235,11 @@ class MultiHeadAttention(nn.Module):
             # contiguous: LayerNorm copies a strided view of the fused output, forward and
             # backward, which made the layer 10-16% slower at T = 64-512 (docs/benchmarks.md)
             biases = (None,) * 3 if self.qkv.bias is None else self.qkv.bias.split(H * D)
-            q, k, v = (F.linear(x, w, b) for w, b in zip(self.qkv.weight.split(H * D), biases))
-        else:
-            q, k, v = self.qkv(x).split(H * D, dim=2)  # views of one (B, T, 3HD) output
-        q, k, v = (t.view(B, T, H, D) for t in (q, k, v))
-        if self.scaling.name == "qk_norm":
+            q, k, v = (F.linear(x, w, b).view(B, T, H, D)
+                       for w, b in zip(self.qkv.weight.split(H * D), biases))
             q, k = self.q_norm(q), self.k_norm(k)  # (B, T, H, D), normalised over D
+        else:  # views of one (B, T, 3HD) output
+            q, k, v = (t.view(B, T, H, D) for t in self.qkv(x).split(H * D, dim=2))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         # 2. one boolean mask, True = may attend (SDPA alone needs none for a plain causal mask)
         explicit = (return_weights or return_stats or self.attn_impl == "explicit"
