@@ -151,9 +151,11 @@ def to_device(batch, device: torch.device):
     """(idx, targets, valid_mask) on the device. On CUDA the copies go from pinned memory with
     non_blocking=True: a copy from pageable memory would synchronise with the GPU every step."""
     def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        if t is None or device.type != "cuda":
-            return None if t is None else t.to(device)
-        return t.pin_memory().to(device, non_blocking=True)
+        if t is None:
+            return None
+        if device.type == "cuda":
+            return t.pin_memory().to(device, non_blocking=True)
+        return t.to(device)
     return move(batch.idx), move(batch.targets), move(batch.valid_mask)
 
 
