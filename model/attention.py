@@ -160,6 +160,20 @@ def attention_stats(logits: Tensor, weights: Tensor, allowed: Optional[Tensor],
     }
 
 
+def check_attn_impl(attn_impl: str, scaling: ScalingConfig) -> None:
+    """ConfigError unless attn_impl is known and can apply the scaling (SDPA has no soft-cap)."""
+    if attn_impl not in ATTN_IMPLS:
+        raise ConfigError(
+            f"model.attn_impl={attn_impl!r} is not known; choose one of "
+            f"{', '.join(ATTN_IMPLS)}."
+        )
+    if attn_impl == "sdpa" and scaling.softcap is not None:
+        raise ConfigError(
+            f"model.attn_impl='sdpa' cannot apply scaling.softcap={scaling.softcap}: SDPA "
+            "has no soft-cap; set model.attn_impl=explicit (or auto) or scaling.softcap=null."
+        )
+
+
 class MultiHeadAttention(nn.Module):
     """softmax(Q K^T * s + M) V over n_head heads of width d_head, then an output projection.
 
@@ -173,16 +187,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_head: int, d_head: int, scaling: ScalingConfig,
                  dropout: float = 0.0, bias: bool = True, attn_impl: str = "auto"):
         super().__init__()
-        if attn_impl not in ATTN_IMPLS:
-            raise ConfigError(
-                f"model.attn_impl={attn_impl!r} is not known; choose one of "
-                f"{', '.join(ATTN_IMPLS)}."
-            )
-        if attn_impl == "sdpa" and scaling.softcap is not None:
-            raise ConfigError(
-                f"model.attn_impl='sdpa' cannot apply scaling.softcap={scaling.softcap}: SDPA "
-                "has no soft-cap; set model.attn_impl=explicit (or auto) or scaling.softcap=null."
-            )
+        check_attn_impl(attn_impl, scaling)
         for name, value in (("d_model", d_model), ("n_head", n_head), ("d_head", d_head)):
             if not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f"model.{name}={value!r} must be a positive integer.")

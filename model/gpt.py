@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.attention import ATTN_IMPLS, MultiHeadAttention, ScalingConfig
+from model.attention import MultiHeadAttention, ScalingConfig, check_attn_impl
 from model.errors import ConfigError
 
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (padding)
@@ -96,19 +96,11 @@ class GPTConfig:
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1); "
                               "0.0 turns dropout off.")
-        if self.attn_impl not in ATTN_IMPLS:
-            raise ConfigError(f"model.attn_impl={self.attn_impl!r} is not known; "
-                              f"choose one of {', '.join(ATTN_IMPLS)}.")
         if not isinstance(self.scaling, ScalingConfig):
             raise ConfigError(f"model.scaling must be a ScalingConfig, got "
                               f"{type(self.scaling).__name__}; build it with "
                               "ScalingConfig(**cfg) before GPTConfig.")
-        if self.attn_impl == "sdpa" and self.scaling.softcap is not None:
-            raise ConfigError(
-                f"model.attn_impl='sdpa' cannot apply scaling.softcap={self.scaling.softcap}: "
-                "SDPA has no soft-cap; set model.attn_impl=explicit (or auto) or "
-                "scaling.softcap=null."
-            )
+        check_attn_impl(self.attn_impl, self.scaling)
 
     @property
     def head_dim(self) -> int:
