@@ -259,6 +259,20 @@ def fully_masked_row(fill: float, t: int = 4) -> list[float]:
     return torch.softmax(torch.full((t,), fill), dim=-1).tolist()
 
 
+def sdpa_fully_masked_row() -> list[float]:
+    """Output of torch's F.scaled_dot_product_attention for a query whose keys are all masked."""
+    gen = torch.Generator().manual_seed(SEED)
+    q, k, v = torch.randn(3, 1, 1, 2, 4, generator=gen)  # (B, H, T, D) each, T = 2 queries
+    allowed = torch.tensor([[True, True], [False, False]])  # (T, T): query 1 sees no key
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    return out[0, 0, 1].tolist()  # (D,)
+
+
+def uniform_causal_entropy(t: int = 64) -> float:
+    """Mean entropy of flat causal rows over a block of t: row i has i keys, entropy log(i)."""
+    return sum(math.log(i) for i in range(1, t + 1)) / t
+
+
 def fp16_scores(value: float = 40.0, d_head: int = 64) -> tuple[float, float]:
     """q = k = value in every component, float16: ((q @ k^T) * s, (q * s) @ k^T), s = 1/sqrt(d)."""
     q = torch.full((1, d_head), value, dtype=torch.float16)  # (1, D)
@@ -407,7 +421,10 @@ def _extras_section() -> list[str]:
         f"muP's alpha / d_head with alpha = 8 at d_head = 64: divisor {mup_divisor(64):g} "
         f"(= sqrt(64)); at d_head = 256: {mup_divisor(256):g} (sqrt: 16).",
         f"Fully masked row: softmax of -inf fill {_fmt_row(fully_masked_row(float('-inf')))}, "
-        f"of finfo.min fill {_fmt_row(fully_masked_row(torch.finfo(torch.float32).min))}.",
+        f"of finfo.min fill {_fmt_row(fully_masked_row(torch.finfo(torch.float32).min))}, "
+        f"SDPA output {_fmt_row(sdpa_fully_masked_row())} (torch {torch.__version__}).",
+        f"Flat attention over the causal rows of a 64-token block: entropy "
+        f"{uniform_causal_entropy(64):.3f} nats.",
         f"float16, q = k = 40, d_head = 64: (q @ k^T) / 8 = {unscaled:g}, "
         f"(q / 8) @ k^T = {prescaled:g} (float16 max 65504).",
         f"qk-norm bound at d_head = 32, unit gain: {qk_norm_logit_bound(32):.3f}; largest of "

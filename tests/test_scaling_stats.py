@@ -140,6 +140,9 @@ def test_aligned_q_and_k_grow_like_d_k_which_mup_divides_away():
 def test_masked_rows_fp16_qk_norm_and_softcap():
     assert all(math.isnan(w) for w in ss.fully_masked_row(float("-inf")))
     assert ss.fully_masked_row(torch.finfo(torch.float32).min) == [0.25] * 4
+    assert ss.sdpa_fully_masked_row() == [0.0] * 4
+    assert round(ss.uniform_causal_entropy(64), 3) == 3.206
+    assert ss.uniform_causal_entropy(1) == 0.0
     unscaled, prescaled = ss.fp16_scores(40.0, 64)
     assert math.isinf(unscaled) and prescaled == 12800.0
     bound = ss.qk_norm_logit_bound(32)
