@@ -106,6 +106,11 @@ def test_softmax_temperature_raises_weight_ratios_to_the_power_c():
     entropies = [ss.entropy(ss.softmax_weights(ROW3, 1 / c)) for c in (0.25, 0.5, 1, 2, 4)]
     assert entropies == sorted(entropies, reverse=True)
     assert round(ss.entropy(ss.softmax_weights(ROW3, 1.0)), 3) == 0.441
+    # the entropy column of docs/scaling.md's worked-rows table
+    table = ((ROW3, math.sqrt(3), 0.766), (ROW5, 1.0, 0.093), (ROW5, 8.0, 1.394),
+             (ROW4, 1.0, 0.093), (ROW4, 8.0, 1.193), (ROW4, 64.0, 1.382))
+    for scores, divisor, expected in table:
+        assert round(ss.entropy(ss.softmax_weights(scores, divisor)), 3) == expected, scores
 
 
 def test_gpt2_initialisation_makes_step_0_logits_small():
