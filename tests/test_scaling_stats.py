@@ -1,8 +1,9 @@
-"""The arithmetic of SCIENCE.md sections 1-2, asserted to the digits SCIENCE.md states."""
+"""The arithmetic of docs/scaling.md, asserted to the digits the doc states."""
 
 import math
 
 import pytest
+import torch
 
 from scripts import scaling_stats as ss
 
@@ -17,7 +18,7 @@ def rounded(xs, digits):
 
 @pytest.fixture(scope="module")
 def var_rows():
-    return ss.variance_table()  # the seed's setting: 20,000 trials per size, d_k 4..1024
+    return ss.variance_table()  # 20,000 trials per size, d_k 4..1024, as docs/scaling.md
 
 
 def test_variance_of_dot_product_is_within_5_percent_of_d_k(var_rows):
@@ -68,8 +69,8 @@ def test_jacobian_maxima_and_entries():
     # J is diag(p) - p p^T: rows sum to zero (softmax is shift invariant)
     jac = ss.softmax_jacobian(ROW5, 8.0)
     assert jac.sum(dim=1).abs().max() < 1e-12
-    assert round(ss.jacobian_entry(ROW5, 1.0, 0, 0), 2) == 0.02
-    # SCIENCE.md writes 0.43 x 0.57 = 0.25 from rounded weights; exactly it is 0.2449
+    assert round(ss.jacobian_entry(ROW5, 1.0, 0, 0), 4) == 0.0180
+    # 0.43 x 0.57 = 0.25 from the rounded weights; exactly it is 0.2449
     assert round(ss.jacobian_entry(ROW5, 8.0, 0, 0), 3) == 0.245
     assert round(ss.jacobian_entry(ROW5, 1.0, 0, 2), 4) == -0.0003
     assert round(ss.jacobian_entry(ROW5, 8.0, 0, 2), 3) == -0.068
@@ -84,6 +85,79 @@ def test_fixed_divisor_8_is_right_only_at_64():
         assert g["gap_sqrt"] == 1.0 and round(g["ratio_sqrt"], 2) == 2.72
 
 
+def test_jacobian_of_the_three_score_row():
+    unscaled = ss.softmax_jacobian(ROW3, 1.0)
+    assert rounded(unscaled[0].tolist(), 4) == (0.1154, -0.1017, -0.0138)
+    assert rounded(unscaled.diagonal().tolist(), 4) == (0.1154, 0.1035, 0.0156)
+    scaled = ss.softmax_jacobian(ROW3, math.sqrt(3))
+    assert rounded(scaled[0].tolist(), 4) == (0.2072, -0.1575, -0.0496)
+    assert round(ss.jacobian_max(ROW3, math.sqrt(3)) / ss.jacobian_max(ROW3, 1.0), 2) == 1.79
+
+
+def test_softmax_temperature_raises_weight_ratios_to_the_power_c():
+    base = ss.weight_ratio(ROW3, 1.0, 0, 1)
+    assert math.isclose(base, math.e**2)
+    for c in (0.5, 1 / math.sqrt(3), 2.0, 3.0):
+        for i, j in ((0, 1), (0, 2), (1, 2)):
+            assert math.isclose(ss.weight_ratio(ROW3, c, i, j),
+                                ss.weight_ratio(ROW3, 1.0, i, j) ** c, rel_tol=1e-9)
+    assert round(ss.weight_ratio(ROW3, 1 / math.sqrt(3), 0, 1), 3) == 3.173
+    # a lower temperature (larger c) sharpens: entropy falls as c grows
+    entropies = [ss.entropy(ss.softmax_weights(ROW3, 1 / c)) for c in (0.25, 0.5, 1, 2, 4)]
+    assert entropies == sorted(entropies, reverse=True)
+    assert round(ss.entropy(ss.softmax_weights(ROW3, 1.0)), 3) == 0.441
+    # the entropy column of docs/scaling.md's worked-rows table
+    table = ((ROW3, math.sqrt(3), 0.766), (ROW5, 1.0, 0.093), (ROW5, 8.0, 1.394),
+             (ROW4, 1.0, 0.093), (ROW4, 8.0, 1.193), (ROW4, 64.0, 1.382))
+    for scores, divisor, expected in table:
+        assert round(ss.entropy(ss.softmax_weights(scores, divisor)), 3) == expected, scores
+
+
+def test_gpt2_initialisation_makes_step_0_logits_small():
+    rows = {(r["d_model"], r["d_head"]): r for r in ss.init_table()}
+    assert math.isclose(rows[(128, 32)]["var_q"], 0.0512)
+    assert round(rows[(128, 32)]["std_none"], 3) == 0.290
+    assert math.isclose(rows[(128, 32)]["std_sqrt_dk"], 0.0512)
+    assert round(rows[(256, 256)]["std_none"], 3) == 1.638
+    assert round(rows[(768, 64)]["std_none"], 3) == 2.458
+    for (c, d), r in rows.items():
+        # Var(q.k) = d_head var(q_i) var(k_i), measured with GPT-2-style weights
+        assert abs(ss.measured_init_score_std(c, d) / r["std_none"] - 1) < 0.03, (c, d)
+        assert r["std_dk"] < r["std_sqrt_dk"] < 1
+
+
+def test_dividing_by_sqrt_d_model_flattens_by_sqrt_n_head():
+    assert ss.d_model_divisor_std(4) == 0.5 and round(math.exp(0.5), 2) == 1.65
+    assert round(ss.d_model_divisor_std(12), 3) == 0.289
+    assert round(math.exp(ss.d_model_divisor_std(12)), 2) == 1.33
+    # the same thing measured: unit-variance q.k at d_head 64 over sqrt(12 * 64)
+    assert abs(math.sqrt(ss.dot_variance(64)) / math.sqrt(12 * 64) - 0.289) < 0.005
+
+
+def test_aligned_q_and_k_grow_like_d_k_which_mup_divides_away():
+    for d_k in (16, 64, 256, 1024):
+        mean = ss.aligned_score_mean(d_k, 0.5)
+        assert abs(mean / d_k - 0.5) < 0.01, d_k  # / d_k: constant
+    assert round(ss.aligned_score_mean(1024, 0.5) / math.sqrt(1024), 1) == 16.0  # / sqrt grows
+    assert ss.mup_divisor(64) == 8.0 and ss.mup_divisor(256) == 32.0
+
+
+def test_masked_rows_fp16_qk_norm_and_softcap():
+    assert all(math.isnan(w) for w in ss.fully_masked_row(float("-inf")))
+    assert ss.fully_masked_row(torch.finfo(torch.float32).min) == [0.25] * 4
+    assert ss.sdpa_fully_masked_row() == [0.0] * 4
+    assert round(ss.uniform_causal_entropy(64), 3) == 3.206
+    assert ss.uniform_causal_entropy(1) == 0.0
+    unscaled, prescaled = ss.fp16_scores(40.0, 64)
+    assert math.isinf(unscaled) and prescaled == 12800.0
+    bound = ss.qk_norm_logit_bound(32)
+    assert round(bound, 3) == 5.657
+    measured = ss.measured_qk_norm_max_logit(32)
+    assert measured <= bound + 1e-4 and measured > bound - 1e-3  # reached at k = q
+    assert round(ss.softcap(10.0), 2) == 9.87 and round(ss.softcap(100.0), 2) == 48.20
+    assert abs(ss.softcap(1e4)) <= 50.0
+
+
 def test_main_prints_the_table_and_writes_figures(tmp_path, capsys):
     out = tmp_path / "figs"
     assert ss.main(["--out", str(out), "--trials", "500"]) == 0
@@ -92,6 +166,8 @@ def test_main_prints_the_table_and_writes_figures(tmp_path, capsys):
     assert "(0.867, 0.117, 0.016)" in text and "(0.707, 0.223, 0.070)" in text
     assert "13.9x larger" in text
     assert "| 256 | 2.00 | 7.39 | 1.00 | 2.72 |" in text
+    assert "| 128 | 32 | 0.0512 | 0.290 |" in text
+    assert "(q @ k^T) / 8 = inf, (q / 8) @ k^T = 12800" in text
     for name in ("variance_vs_dk.png", "worked_weights.png", "gap_ratio_vs_width.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
