@@ -1,5 +1,6 @@
-"""Tests for model/attention.py: the two paths agree, the scales are what SCIENCE.md says, the
-masks hold, fully masked rows follow the policy, and the statistics are right."""
+"""Tests for model/attention.py and model/fast_attention.py: every route agrees with the explicit
+path, the scales and worked examples are those of docs/scaling.md, the masks hold, fully masked
+rows follow the policy, and the statistics are right."""
 
 import math
 from decimal import Decimal
@@ -10,13 +11,13 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model import attention
+from model import attention, fast_attention
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig, attention_weights
 from model.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-ATOL = 1e-5  # explicit vs sdpa in float32 (issue 2)
+ATOL = 1e-5  # explicit vs sdpa in float32
 MASK_KINDS = ("none", "causal", "padding", "causal+padding", "fully_masked")
 
 
@@ -155,7 +156,7 @@ def grads_of(mha, x, y):
     return out
 
 
-@pytest.mark.parametrize("T", [1, 9, attention.CPU_BF16_MATMUL_MAX_T])
+@pytest.mark.parametrize("T", [1, 9, fast_attention.CPU_BF16_MATMUL_MAX_T])
 @pytest.mark.parametrize("name", SCALINGS)
 def test_cpu_bf16_causal_route_matches_float32(name, T, monkeypatch):
     """Under CPU bf16 autocast a plain causal SDPA call up to CPU_BF16_MATMUL_MAX_T runs as bf16
@@ -199,7 +200,7 @@ def test_cpu_bf16_causal_route_is_causal():
 def test_cpu_autocast_uses_float32_sdpa_outside_the_bf16_route(case, monkeypatch):
     """Past CPU_BF16_MATMUL_MAX_T, with a padding mask, without the causal mask or under float16
     autocast, the SDPA path calls SDPA in float32 once and returns the autocast dtype."""
-    T = attention.CPU_BF16_MATMUL_MAX_T + 1 if case == "long" else 9
+    T = fast_attention.CPU_BF16_MATMUL_MAX_T + 1 if case == "long" else 9
     mha = make_mha("sqrt_dk", d_model=8, n_head=2, d_head=4, attn_impl="sdpa")
     x = torch.randn(1, T, 8, generator=torch.Generator().manual_seed(1))
     kwargs = {"causal": case != "not_causal"}
@@ -382,7 +383,7 @@ def test_softcap_bounds_logits():
     assert info.stats["max_logit"] == pytest.approx(expected, rel=1e-5)
 
 
-# ---------------------------------------------------------------- SCIENCE.md section 2
+# -------------------------------------------------- worked examples (docs/scaling.md)
 
 def stated_tol(s: str) -> float:
     """Half a unit of the last digit written: '0.10' -> 0.005, '6e-06' -> 5e-07."""
@@ -454,7 +455,7 @@ def test_science_jacobian_row_12_8_4_0_minus4():
     assert torch.allclose(j1, torch.diag(p1) - torch.outer(p1, p1))  # J = diag(p) - p p^T
     assert torch.allclose(j8, torch.diag(p8) - torch.outer(p8, p8))
     assert abs(j1[0, 0].item() - 0.02) <= stated_tol("0.02")
-    # SCIENCE.md writes 0.43 x 0.57 = 0.25 from rounded factors; the exact entry is 0.2449
+    # 0.43 x 0.57 = 0.25 from rounded factors; the exact entry is 0.2449
     assert j8[0, 0].item() == pytest.approx(0.2449, abs=5e-5)
     assert abs(j8[0, 0].item() - 0.25) <= 0.006
     assert abs(j1[0, 2].item() - -0.0003) <= stated_tol("0.0003")
@@ -529,7 +530,7 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(impl, dtype):
 
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])
 def test_fp16_prescaled_q_does_not_overflow(impl):
-    """SCIENCE.md 4: q = k = 40, d = 64: q @ k^T = 102400 = inf in fp16; (q/8) @ k^T = 12800."""
+    """q = k = 40, d = 64: q @ k^T = 102400 = inf in fp16; (q/8) @ k^T = 12800."""
     mha = MultiHeadAttention(64, 1, 64, ScalingConfig("sqrt_dk"), attn_impl=impl).half()
     with torch.no_grad():
         mha.qkv.weight.copy_(torch.eye(64).repeat(3, 1))  # q = k = v = x
@@ -598,7 +599,8 @@ def test_stats_match_returned_weights_with_padding():
     assert info.stats["saturated"] == pytest.approx((w.amax(-1) > 0.99).float().mean(-1))
     assert (info.stats["saturated"] > 0).any()
     assert {k: v.shape for k, v in info.stats.items()} == {
-        "entropy": (3,), "max_logit": (3,), "saturated": (3,)}
+        "entropy": (3,), "max_logit": (3,), "saturated": (3,), "raw_var": (3,),
+        "raw_max_logit": (3,)}
 
 
 def test_qk_grad_norms():

@@ -171,7 +171,7 @@ def test_attention_stats_per_layer_and_impl_independent():
     stats = tiny(attn_impl="sdpa").attention_stats(idx, valid)
     assert len(stats) == 2
     for layer in stats:
-        assert set(layer) == {"entropy", "max_logit", "saturated"}
+        assert set(layer) == {"entropy", "max_logit", "saturated", "raw_var", "raw_max_logit"}
         assert all(v.shape == (2,) and v.isfinite().all() for v in layer.values())
     for a, b in zip(stats, tiny(attn_impl="explicit").attention_stats(idx, valid), strict=True):
         for key in a:
