@@ -164,7 +164,7 @@ def test_dropout_only_in_training():
 
 # ---------------------------------------------------------------- attention statistics
 
-def test_attention_stats_per_layer_and_impl_independent():
+def test_attention_stats_per_layer():
     idx = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
     valid = torch.ones(3, 12, dtype=torch.bool)
     valid[1, :6] = False
@@ -173,9 +173,6 @@ def test_attention_stats_per_layer_and_impl_independent():
     for layer in stats:
         assert set(layer) == {"entropy", "max_logit", "saturated", "raw_var", "raw_max_logit"}
         assert all(v.shape == (2,) and v.isfinite().all() for v in layer.values())
-    for a, b in zip(stats, tiny(attn_impl="explicit").attention_stats(idx, valid), strict=True):
-        for key in a:
-            assert torch.allclose(a[key], b[key], atol=1e-6)
     # layer 0 by hand: its input is ln_1(embeddings) and its stats come from the module
     model = tiny()
     with torch.no_grad():
