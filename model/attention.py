@@ -214,7 +214,8 @@ class MultiHeadAttention(nn.Module):
         """x (B, T, C) -> q, k, v, each (B, H, T, D): one projection, then (qk_norm) the norms."""
         B, T, _ = x.shape
         H, D = self.n_head, self.d_head
-        q, k, v = (t.view(B, T, H, D) for t in self.qkv(x).split(H * D, dim=2))  # (B, T, H, D)
+        qkv = self.qkv(x)  # (B, T, C) @ (C, 3HD) -> (B, T, 3HD)
+        q, k, v = (t.view(B, T, H, D) for t in qkv.split(H * D, dim=2))  # 3 x (B, T, H, D)
         if self.scaling.name == "qk_norm":
             q, k = self.q_norm(q), self.k_norm(k)  # normalised over D
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
