@@ -2,8 +2,9 @@
 
 model/attention.py is the file to read for the mathematics: this one computes the same
 softmax(Q K^T * s + M) V by F.scaled_dot_product_attention (MultiHeadAttention.sdpa), choosing
-per call the fastest of a few equivalent routes. Each route gives the numbers of the explicit
-path to the precision of its dtype; tests/test_attention.py holds every route to that.
+per call the fastest of a few equivalent routes. MultiHeadAttention.forward reaches it through
+one call, fast_attention.forward. Each route gives the numbers of the explicit path to the
+precision of its dtype; tests/test_attention.py holds every route to that.
 
     split_heads     qk_norm: q, k, v as three products with row blocks of the fused weight,
                     so q and k come out contiguous; LayerNorm on the strided views of one
@@ -28,7 +29,8 @@ from model import attention
 if TYPE_CHECKING:
     from model.attention import Mask, MultiHeadAttention
 
-# Past this length the bf16 route's (T, T) logits cost more time and memory than float32 SDPA.
+# The longest T for bf16_causal: beyond it, its (T, T) logits cost more time and memory than
+# float32 SDPA (docs/benchmarks.md).
 CPU_BF16_MATMUL_MAX_T = 512
 
 
@@ -85,7 +87,7 @@ def bf16_causal(mha: "MultiHeadAttention", q: Tensor, k: Tensor, v: Tensor) -> T
     bf16 = torch.bfloat16
     p = mha.dropout if mha.training else 0.0
     with torch.autocast("cpu", enabled=False):
-        q = (q * mha.scale()).to(bf16).reshape(B * H, T, D)  # a copy: q is a view of qkv
+        q = (q * mha.scale()).to(bf16).reshape(B * H, T, D)  # (B, H, T, D) -> (BH, T, D)
         k = k.to(bf16).reshape(B * H, T, D)
         v = v.to(bf16).reshape(B * H, T, D)
         future = torch.full((T, T), float("-inf"), dtype=bf16, device=q.device).triu(1)

@@ -96,7 +96,7 @@ def test_masks_must_be_boolean():
         mha(torch.randn(1, 3, 12), valid_mask=torch.ones(1, 3, dtype=torch.long))
 
 
-# ---------------------------------------------------------------- explicit == sdpa
+# -------------------------------- explicit == sdpa, on every route of model/fast_attention.py
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1, 3), (2, 7, 3, 5, 11), (3, 13, 2, 8, 16)],
                          ids=["T1", "odd", "even"])
