@@ -77,6 +77,11 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     attn_impl: str = "auto"  # auto | explicit | sdpa
+    # Initial std of the q and k projection weights (not v, not the output projection); null
+    # keeps GPT-2's 0.02. With unit-variance LayerNorm output each q, k component has variance
+    # d_model * std^2 at step 0, so std = 1/sqrt(d_model) gives unit-variance q and k, the
+    # assumption behind s = 1/sqrt(d_head) (docs/scaling.md); 0.02 gives d_model * 0.0004.
+    qk_init_std: Optional[float] = None
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
 
     def __post_init__(self):
@@ -101,6 +106,12 @@ class GPTConfig:
                               f"{type(self.scaling).__name__}; build it with "
                               "ScalingConfig(**cfg) before GPTConfig.")
         check_attn_impl(self.attn_impl, self.scaling)
+        std = self.qk_init_std
+        if std is not None and not (isinstance(std, (int, float)) and not isinstance(std, bool)
+                                    and math.isfinite(std) and std > 0):
+            raise ConfigError(f"model.qk_init_std={std!r} must be null (GPT-2's 0.02, the "
+                              "default) or a positive finite number, e.g. 1/sqrt(model.d_model) "
+                              "for unit-variance q and k at initialisation.")
 
     @property
     def head_dim(self) -> int:
@@ -135,6 +146,10 @@ class GPT(nn.Module):
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+        if config.qk_init_std is not None:  # q and k rows [0, 2HD) of each fused qkv weight
+            for block in self.blocks:
+                HD = config.n_head * config.head_dim
+                nn.init.normal_(block.attn.qkv.weight[:2 * HD], mean=0.0, std=config.qk_init_std)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

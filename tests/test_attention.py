@@ -1,5 +1,6 @@
-"""Tests for model/attention.py: the two paths agree, the scales are what SCIENCE.md says, the
-masks hold, fully masked rows follow the policy, and the statistics are right."""
+"""Tests for model/attention.py and model/fast_attention.py: every route agrees with the explicit
+path, the scales and worked examples are those of docs/scaling.md, the masks hold, fully masked
+rows follow the policy, and the statistics are right."""
 
 import math
 from decimal import Decimal
@@ -10,13 +11,13 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model import attention
+from model import attention, fast_attention
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig, attention_weights
 from model.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-ATOL = 1e-5  # explicit vs sdpa in float32 (issue 2)
+ATOL = 1e-5  # explicit vs sdpa in float32
 MASK_KINDS = ("none", "causal", "padding", "causal+padding", "fully_masked")
 
 
@@ -95,7 +96,7 @@ def test_masks_must_be_boolean():
         mha(torch.randn(1, 3, 12), valid_mask=torch.ones(1, 3, dtype=torch.long))
 
 
-# ---------------------------------------------------------------- explicit == sdpa
+# -------------------------------- explicit == sdpa, on every route of model/fast_attention.py
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1, 3), (2, 7, 3, 5, 11), (3, 13, 2, 8, 16)],
                          ids=["T1", "odd", "even"])
@@ -155,7 +156,7 @@ def grads_of(mha, x, y):
     return out
 
 
-@pytest.mark.parametrize("T", [1, 9, attention.CPU_BF16_MATMUL_MAX_T])
+@pytest.mark.parametrize("T", [1, 9, fast_attention.CPU_BF16_MATMUL_MAX_T])
 @pytest.mark.parametrize("name", SCALINGS)
 def test_cpu_bf16_causal_route_matches_float32(name, T, monkeypatch):
     """Under CPU bf16 autocast a plain causal SDPA call up to CPU_BF16_MATMUL_MAX_T runs as bf16
@@ -199,7 +200,7 @@ def test_cpu_bf16_causal_route_is_causal():
 def test_cpu_autocast_uses_float32_sdpa_outside_the_bf16_route(case, monkeypatch):
     """Past CPU_BF16_MATMUL_MAX_T, with a padding mask, without the causal mask or under float16
     autocast, the SDPA path calls SDPA in float32 once and returns the autocast dtype."""
-    T = attention.CPU_BF16_MATMUL_MAX_T + 1 if case == "long" else 9
+    T = fast_attention.CPU_BF16_MATMUL_MAX_T + 1 if case == "long" else 9
     mha = make_mha("sqrt_dk", d_model=8, n_head=2, d_head=4, attn_impl="sdpa")
     x = torch.randn(1, T, 8, generator=torch.Generator().manual_seed(1))
     kwargs = {"causal": case != "not_causal"}
@@ -382,7 +383,108 @@ def test_softcap_bounds_logits():
     assert info.stats["max_logit"] == pytest.approx(expected, rel=1e-5)
 
 
-# ---------------------------------------------------------------- SCIENCE.md section 2
+def qk_by_hand(mha, x):
+    """q and k (B, H, T, D) from the projection weights, normalised by hand for qk_norm."""
+    B, T, _ = x.shape
+    H, D = mha.n_head, mha.d_head
+    qkv = x @ mha.qkv.weight.T + mha.qkv.bias  # (B, T, 3HD)
+    q, k = (qkv[..., i * H * D:(i + 1) * H * D].view(B, T, H, D).transpose(1, 2) for i in (0, 1))
+    if mha.scaling.name == "qk_norm":
+        gains = mha.q_norm.weight, mha.k_norm.weight
+        if mha.scaling.norm == "rmsnorm":  # t / sqrt(mean over D of t^2 + eps) * gain
+            q, k = (t / (t.square().mean(-1, keepdim=True) + 1e-5).sqrt() * g
+                    for t, g in zip((q, k), gains))
+        else:  # (t - mean) / sqrt(var + eps) * gain, no bias
+            q, k = ((t - t.mean(-1, keepdim=True))
+                    / (t.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt() * g
+                    for t, g in zip((q, k), gains))
+    return q, k
+
+
+def factor_by_hand(mha):
+    """The score scale of the variant as the module docstring's table gives it: (H|1, 1, 1)."""
+    D, name = mha.d_head, mha.scaling.name
+    if name == "learned":
+        return mha.log_scale.exp().view(-1, 1, 1)
+    factor = {"sqrt_dk": D ** -0.5, "qk_norm": D ** -0.5, "none": 1.0, "dk": 1 / D,
+              "constant": 1 / mha.scaling.divisor}[name]
+    return torch.full((1, 1, 1), factor, dtype=torch.float64)
+
+
+def logits_by_hand(mha, x):
+    """Raw scores q.k and logits (B, H, T, T): the scale, then the soft-cap."""
+    q, k = qk_by_hand(mha, x)
+    raw = q @ k.transpose(-2, -1)
+    logits = raw * factor_by_hand(mha)
+    c = mha.scaling.softcap
+    return raw, logits if c is None else c * torch.tanh(logits / c)
+
+
+def causal_padded_input(B=3, T=7, C=12, amplitude=3.0, seed=0):
+    """x (B, T, C) with batch row 1 left-padded (3 pads) and row 2 right-padded (2 pads)."""
+    x = amplitude * torch.randn(B, T, C, generator=torch.Generator().manual_seed(seed))
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[1, :3] = False
+    valid[2, T - 2:] = False
+    allowed = torch.ones(T, T, dtype=torch.bool).tril() & valid[:, None, None, :]  # (B, 1, T, T)
+    return x.double(), valid, allowed
+
+
+def test_softcap_weights_cap_after_the_scale_and_before_the_mask():
+    """With s = 1/4 != 1, a causal mask and padding, the weights of the real query rows are
+    softmax(c tanh(q.k s / c) + M): capping q.k before the scale, or the masked logits after
+    the mask, gives other numbers."""
+    mha = make_mha("sqrt_dk", d_model=12, n_head=2, d_head=16, softcap=2.0, attn_impl="auto")
+    mha.double()
+    x, valid, allowed = causal_padded_input(amplitude=4.0)
+    raw, logits = logits_by_hand(mha, x)
+    assert (raw / 4).abs().max() > 4 * 2.0  # the scaled logits reach well past the cap
+    expected = logits.masked_fill(~allowed, float("-inf")).softmax(-1)  # (B, H, T, T)
+    _, info = mha(x, valid_mask=valid, return_weights=True)
+    got, want = (w.transpose(0, 1)[:, valid] for w in (info.weights, expected))  # (H, rows, T)
+    assert (got - want).abs().max() <= 1e-12
+
+
+def test_softcap_keeps_causality_and_padding():
+    """Future and padded tokens never change real outputs with a soft-cap either (a cap applied
+    after the mask would turn -inf into -c and let them in)."""
+    mha = make_mha("sqrt_dk", softcap=1.0, attn_impl="auto")
+    gen = torch.Generator().manual_seed(0)
+    x = 5.0 * torch.randn(2, 9, 12, generator=gen)
+    y = mha(x)
+    x2 = x.clone()
+    x2[:, 5:] = 5.0 * torch.randn(2, 4, 12, generator=gen)
+    assert torch.equal(mha(x2)[:, :5], y[:, :5])
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[0, :3] = False
+    valid[1, 6:] = False
+    for causal in (False, True):
+        y = mha(x, causal=causal, valid_mask=valid)
+        x3 = torch.where(valid[..., None], x, 100 * torch.randn(2, 9, 12, generator=gen))
+        assert torch.equal(mha(x3, causal=causal, valid_mask=valid)[valid], y[valid])
+
+
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_qk_norm_rmsnorm_by_hand(impl):
+    """scaling.norm=rmsnorm: q / sqrt(mean(q^2) + 1e-5) * gain (and k alike), no centring, then
+    s = 1/sqrt(d_head); the output y = proj(softmax(logits + M) v) by hand."""
+    B, T, C, H, D = 2, 6, 12, 3, 4
+    mha = make_mha("qk_norm", d_model=C, n_head=H, d_head=D, attn_impl=impl, norm="rmsnorm")
+    mha.double()
+    x = 3.0 + torch.randn(B, T, C, generator=torch.Generator().manual_seed(2)).double()
+    _, logits = logits_by_hand(mha, x)
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    weights = logits.masked_fill(~allowed, float("-inf")).softmax(-1)  # (B, H, T, T)
+    v = (x @ mha.qkv.weight[2 * H * D:].T + mha.qkv.bias[2 * H * D:]).view(B, T, H, D)
+    y = (weights @ v.transpose(1, 2)).transpose(1, 2).reshape(B, T, H * D)
+    y = y @ mha.proj.weight.T + mha.proj.bias
+    assert (mha(x) - y).abs().max() <= 1e-10
+    if impl == "explicit":
+        _, info = mha(x, return_weights=True)
+        assert (info.weights - weights).abs().max() <= 1e-12
+
+
+# -------------------------------------------------- worked examples (docs/scaling.md)
 
 def stated_tol(s: str) -> float:
     """Half a unit of the last digit written: '0.10' -> 0.005, '6e-06' -> 5e-07."""
@@ -454,7 +556,7 @@ def test_science_jacobian_row_12_8_4_0_minus4():
     assert torch.allclose(j1, torch.diag(p1) - torch.outer(p1, p1))  # J = diag(p) - p p^T
     assert torch.allclose(j8, torch.diag(p8) - torch.outer(p8, p8))
     assert abs(j1[0, 0].item() - 0.02) <= stated_tol("0.02")
-    # SCIENCE.md writes 0.43 x 0.57 = 0.25 from rounded factors; the exact entry is 0.2449
+    # 0.43 x 0.57 = 0.25 from rounded factors; the exact entry is 0.2449
     assert j8[0, 0].item() == pytest.approx(0.2449, abs=5e-5)
     assert abs(j8[0, 0].item() - 0.25) <= 0.006
     assert abs(j1[0, 2].item() - -0.0003) <= stated_tol("0.0003")
@@ -529,7 +631,7 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(impl, dtype):
 
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])
 def test_fp16_prescaled_q_does_not_overflow(impl):
-    """SCIENCE.md 4: q = k = 40, d = 64: q @ k^T = 102400 = inf in fp16; (q/8) @ k^T = 12800."""
+    """q = k = 40, d = 64: q @ k^T = 102400 = inf in fp16; (q/8) @ k^T = 12800."""
     mha = MultiHeadAttention(64, 1, 64, ScalingConfig("sqrt_dk"), attn_impl=impl).half()
     with torch.no_grad():
         mha.qkv.weight.copy_(torch.eye(64).repeat(3, 1))  # q = k = v = x
@@ -598,7 +700,107 @@ def test_stats_match_returned_weights_with_padding():
     assert info.stats["saturated"] == pytest.approx((w.amax(-1) > 0.99).float().mean(-1))
     assert (info.stats["saturated"] > 0).any()
     assert {k: v.shape for k, v in info.stats.items()} == {
-        "entropy": (3,), "max_logit": (3,), "saturated": (3,)}
+        "entropy": (3,), "max_logit": (3,), "saturated": (3,), "raw_var": (3,),
+        "raw_max_logit": (3,)}
+
+
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_attention_dropout_drops_weights(impl):
+    """Training with dropout p: each weight is kept as w / (1 - p) or set to 0. With one head
+    of width T, x_t = e_t, V orthogonal and an identity output projection, y @ V^T is exactly
+    the dropped weight matrix; dropout on the output (before or after the projection) is not of
+    this form. (V is orthogonal rather than the identity, for which dropout on W V and on W
+    would coincide.)"""
+    B, T, p = 4, 6, 0.5
+    mha = make_mha(d_model=T, n_head=1, d_head=T, attn_impl=impl, dropout=p).double()
+    gen = torch.Generator().manual_seed(0)
+    rotation = torch.linalg.qr(torch.randn(T, T, generator=gen, dtype=torch.float64))[0]
+    with torch.no_grad():
+        mha.qkv.weight[2 * T:] = rotation  # v_j = rotation[:, j]: V = rotation^T
+        mha.qkv.bias.zero_()
+        mha.proj.weight.copy_(torch.eye(T))
+        mha.proj.bias.zero_()
+    x = torch.eye(T, dtype=torch.float64).expand(B, T, T)
+    _, info = mha.eval()(x, return_weights=True)
+    w = info.weights[:, 0]  # (B, T, T), no dropout in evaluation
+    torch.manual_seed(3)
+    dropped = mha.train()(x) @ rotation  # (B, T, T) = dropped weights
+    kept = (dropped - w / (1 - p)).abs() <= 1e-12
+    zero = dropped.abs() <= 1e-12
+    assert (kept | zero).all()
+    allowed = w > 0
+    assert (kept & allowed).any() and (zero & allowed).any()  # some of each
+
+
+def test_max_logit_counts_real_query_rows_only():
+    """Under packing=pad, padded query rows attend real keys; their logits must not set
+    max_logit (entropy and saturated leave them out too)."""
+    mha = make_mha("none")
+    x, valid, allowed = causal_padded_input()
+    x = x.float()
+    x[~valid] *= 50.0  # padded queries get the largest logits
+    _, info = mha(x, valid_mask=valid, return_stats=True)
+    with torch.no_grad():
+        _, logits = logits_by_hand(mha, x)
+    real = allowed & valid[:, None, :, None]  # (B, 1, T, T)
+    by_head = logits.abs().transpose(0, 1)  # (H, B, T, T)
+    expected = by_head[:, real[:, 0]].amax(-1)
+    with_pads = by_head[:, allowed.expand_as(logits).transpose(0, 1)[0]].amax(-1)
+    assert (with_pads > 2 * expected).all()  # a padded row would set it
+    assert info.stats["max_logit"] == pytest.approx(expected, rel=1e-5)
+
+
+def stats_by_hand(mha, x, valid, allowed):
+    """Every statistic per head, from the raw scores and logits computed by hand."""
+    with torch.no_grad():
+        raw, logits = logits_by_hand(mha, x)
+    weights = logits.masked_fill(~allowed, float("-inf")).softmax(-1)  # (B, H, T, T)
+    rows = valid & allowed[:, 0].any(-1)  # (B, T) real query rows
+    entries = allowed[:, 0] & rows[..., None]  # (B, T, T)
+    out = {key: [] for key in ("entropy", "max_logit", "saturated", "raw_var", "raw_max_logit")}
+    for h in range(mha.n_head):
+        w = weights[:, h][rows]  # (real rows, T)
+        r, lg = raw[:, h][entries], logits[:, h][entries]  # (entries,)
+        out["entropy"].append(-(w * w.clamp_min(1e-300).log()).sum(-1).mean())
+        out["saturated"].append((w.amax(-1) > 0.99).double().mean())
+        out["max_logit"].append(lg.abs().max())
+        out["raw_var"].append(((r - r.mean()) ** 2).mean() / mha.d_head)
+        out["raw_max_logit"].append(r.abs().max())
+    return {key: torch.stack(v).tolist() for key, v in out.items()}
+
+
+@pytest.mark.parametrize("name, softcap, impl", [
+    (n, None, impl) for n in SCALINGS for impl in ("auto", "explicit", "sdpa")
+] + [("dk", 0.5, "auto"), ("dk", 0.5, "explicit")])
+def test_stats_by_hand_whatever_attn_impl(name, softcap, impl):
+    """Every statistic, whatever attn_impl the module was built with, equals the hand
+    computation from q, k and the mask; raw_var and raw_max_logit are those of q.k before the
+    scale and the soft-cap, after qk_norm."""
+    mha = make_mha(name, d_model=12, n_head=3, d_head=4, attn_impl=impl, softcap=softcap)
+    x, valid, allowed = causal_padded_input(amplitude=4.0)
+    x = x.float()
+    _, info = mha(x, valid_mask=valid, return_stats=True)
+    expected = stats_by_hand(mha.double(), x.double(), valid, allowed)
+    assert 0 < min(expected["saturated"]) and max(expected["saturated"]) < 1
+    assert set(info.stats) == set(expected)
+    for key, value in info.stats.items():
+        assert value.dtype == torch.float32 and value.shape == (3,)
+        assert value.tolist() == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+
+
+def test_raw_stats_do_not_depend_on_the_scale():
+    """The same weights under none, sqrt_dk and dk: raw_var and raw_max_logit are equal,
+    max_logit is raw_max_logit times the scale."""
+    x, valid, _ = causal_padded_input()
+    stats = {}
+    for name in ("none", "sqrt_dk", "dk"):
+        _, info = make_mha(name, d_head=4)(x.float(), valid_mask=valid, return_stats=True)
+        stats[name] = info.stats
+    for name, s in (("sqrt_dk", 0.5), ("dk", 0.25)):
+        for key in ("raw_var", "raw_max_logit"):
+            assert torch.allclose(stats[name][key], stats["none"][key], rtol=1e-6)
+        assert torch.allclose(stats[name]["max_logit"], s * stats[name]["raw_max_logit"],
+                              rtol=1e-6)
 
 
 def test_qk_grad_norms():

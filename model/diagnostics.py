@@ -1,0 +1,74 @@
+"""Diagnostics of attention: per-head statistics of one forward, and q/k gradient norms.
+
+MultiHeadAttention.forward(..., return_stats=True) returns the statistics; GPT.attention_stats
+collects them per layer. They are computed in float32 from detached tensors, so they keep no
+autograd graph and do not depend on the caller's autocast dtype.
+
+Dimension letters: B batch, T time, H heads, D head width (d_head).
+"""
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from model.attention import Mask
+
+SATURATION_THRESHOLD = 0.99  # a row is "saturated" when its largest weight exceeds this
+
+
+def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor, mask: Optional["Mask"],
+                    valid_mask: Optional[Tensor]) -> dict[str, Tensor]:
+    """Per-head statistics of one forward, each (H,) float32.
+
+    q, k (B, H, T, D) as the scale multiplies them (after qk_norm); logits and weights
+    (B, H, T, T) as the explicit path made them. Real query rows: a real token (valid_mask)
+    with at least one allowed key; padding rows never count. Entries: the allowed keys of real
+    query rows. Raw scores are q.k before the scale s and the soft-cap, so that scales can be
+    compared: for q, k with independent unit-variance components Var(q.k) = d_head, and raw_var
+    is 1 (docs/scaling.md). Var is the variance over all entries of a head (divisor n).
+        entropy        mean over real rows of -sum_j w_j log w_j (nats)
+        saturated      fraction of real rows whose largest weight exceeds SATURATION_THRESHOLD
+        max_logit      max |logit| over entries (after the scale and soft-cap)
+        raw_var        Var(q.k) / d_head over entries
+        raw_max_logit  max |q.k| over entries
+    """
+    B, H, T, D = q.shape
+    rows = torch.ones(B, H, T, 1, dtype=torch.bool, device=q.device)  # (B, H, T, 1)
+    if mask is not None:
+        rows = rows & mask.row_ok
+    if valid_mask is not None:
+        rows = rows & valid_mask[:, None, :, None]
+    entries = rows.expand(B, H, T, T) if mask is None else rows & mask.allowed  # (B, H, T, T)
+    n_rows = rows.sum(dim=(0, 2, 3)).clamp(min=1)  # (H,)
+    n_entries = entries.sum(dim=(0, 2, 3)).clamp(min=1)  # (H,)
+    w = weights.detach().float()
+    row_entropy = torch.special.entr(w).sum(dim=-1, keepdim=True)  # (B, H, T, 1); entr(0) = 0
+    row_saturated = w.amax(dim=-1, keepdim=True) > SATURATION_THRESHOLD  # (B, H, T, 1)
+    with torch.autocast(q.device.type, enabled=False):  # float32 whatever the caller runs in
+        raw = q.detach().float() @ k.detach().float().transpose(-2, -1)  # (B, H, T, T)
+    raw = raw.masked_fill(~entries, 0.0)
+    raw_mean = raw.sum(dim=(0, 2, 3)) / n_entries  # (H,)
+    raw_dev = (raw - raw_mean[:, None, None]).masked_fill(~entries, 0.0)  # (B, H, T, T)
+    return {
+        "entropy": (row_entropy * rows).sum(dim=(0, 2, 3)) / n_rows,
+        "max_logit": logits.detach().float().abs().masked_fill(~entries, 0.0).amax(dim=(0, 2, 3)),
+        "saturated": (row_saturated & rows).sum(dim=(0, 2, 3)) / n_rows,
+        "raw_var": raw_dev.square().sum(dim=(0, 2, 3)) / n_entries / D,
+        "raw_max_logit": raw.abs().amax(dim=(0, 2, 3)),
+    }
+
+
+def qk_grad_norms(qkv: nn.Linear, HD: int) -> tuple[float, float]:
+    """L2 norms of the gradients of the q and k rows of a fused qkv projection (rows [0, HD) and
+    [HD, 2HD) of weight and bias together), or (0.0, 0.0) before any backward pass.
+    One host sync for both numbers."""
+    grads = [p.grad for p in qkv.parameters()]  # weight (3HD, C), bias (3HD,)
+    if any(g is None for g in grads):
+        return 0.0, 0.0
+    q_sq = sum(g[:HD].float().square().sum() for g in grads)
+    k_sq = sum(g[HD:2 * HD].float().square().sum() for g in grads)
+    q_norm, k_norm = torch.stack([q_sq, k_sq]).sqrt().tolist()
+    return q_norm, k_norm
