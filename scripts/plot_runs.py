@@ -1,420 +1,72 @@
-"""Turn sweep directories into loss curves, diagnostics, an LR-sensitivity plot and a table.
+"""Figures and tables of the sweeps named on the command line.
 
-    python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR
+    python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
+                                [--baseline sqrt_dk]
 
-SWEEP_DIR is a Hydra multirun folder (multirun/<date>/<time>/ holding one folder per job, each
-with .hydra/overrides.yaml), any folder above such folders, or a single run directory. Every
-folder holding .hydra/overrides.yaml, metrics.jsonl, summary.json or run.json is one run; the
-metrics and summary formats are those of issue 4 (see the contract). Writes:
+SWEEP_DIR is one preset run (multirun/<preset>/<time>/, one folder per job) or a single run
+folder. Only the folders named are read: name several to pool sweeps on purpose. Writes:
 
-- DIR/loss_curves.png    train loss (train records) and val loss (eval records) vs step
-- DIR/diagnostics.png    attn_entropy, attn_max_logit (log y), attn_saturated per layer vs step
-- DIR/lr_sensitivity.png final val loss and peak max attention logit vs optim.lr (log x);
-                         only when the runs vary optim.lr
-- DIR/results.md         the tables below, also printed
+- DIR/results.md        the tables of scripts/report_tables.py (also printed)
+- DIR/loss_curves.png   val loss vs step, one panel per setting (per scale when the sweep
+                        varies only the scale)
+- DIR/loss_vs_baseline.png  the same, minus the baseline scale's loss at the same seed
+- DIR/diagnostics.png   attention entropy, saturated rows, scaled and raw max logit, raw
+                        Var(q.k)/d_head vs step (one column per setting)
+- DIR/qk_grad_norms.png q and k projection gradient norms vs step
+- DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
+                        the setting, and each scale's loss at its own best LR
 
-Grouping: runs are grouped by the overrides that vary across runs, minus the seed; the variant
-(the colour) is the `scaling` override, else run.json's scaling name. Seeds of a group are drawn
-as the mean line with a min/max band. The table gives, per group, the number of runs, final and
-best val loss as mean +- sample std over the runs that did not diverge, the number diverged, the
-number still running (no summary.json: the last eval record stands in), and tokens/s.
-
-LR sensitivity (Wortsman et al. 2023; SCIENCE.md section 5), per variant (group minus optim.lr):
-the mean over the LR grid of min(loss(lr), loss_at_init) - best_loss, where loss(lr) is a run's
-final val loss, clipped per run and then averaged over seeds; a diverged run counts as
-loss_at_init; best_loss is the smallest such per-LR loss of the variant; loss_at_init is the run's
-eval record at step 0, else ln(vocab_size) from run.json.
-
-Runs with a missing or empty metrics.jsonl, or without any eval record, are skipped and listed.
+A line is the mean over a group's seeds; its band is the 95% Student-t interval of that mean,
+drawn only where n >= 2. In an LR sweep the curves show each scale at its own best LR.
+Reading and grouping live in scripts/runs.py, statistics in scripts/report_stats.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import yaml  # noqa: E402
 
-LR_KEY = "optim.lr"
-VARIANT_KEY = "scaling"
-# Same order as model.attention.SCALINGS so a variant keeps its colour across figures.
-VARIANT_ORDER = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm")
-DIAGNOSTICS = (("attn_entropy", "entropy (nats)", False),
-               ("attn_max_logit", "max |logit|", True),
-               ("attn_saturated", "saturated fraction", False))
-RUN_MARKERS = (".hydra/overrides.yaml", "metrics.jsonl", "summary.json", "run.json")
-
-
-# ---------------------------------------------------------------------------------------------
-# 1. Reading runs
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    path: Path
-    overrides: dict  # key -> value string, as written on the command line (seed included)
-    variant: str
-    train: list  # train records, in file order
-    evals: list  # eval records, in file order
-    summary: Optional[dict]  # None while the run is still going
-    info: dict  # run.json, {} if absent
-
-    @property
-    def partial(self) -> bool:
-        return self.summary is None
-
-    @property
-    def final_val_loss(self) -> float:
-        if self.summary is not None and self.summary.get("final_val_loss") is not None:
-            return float(self.summary["final_val_loss"])
-        return _num(self.evals[-1].get("val_loss"))
-
-    @property
-    def best_val_loss(self) -> float:
-        if self.summary is not None and self.summary.get("best_val_loss") is not None:
-            return float(self.summary["best_val_loss"])
-        finite = [v for v in (_num(e.get("val_loss")) for e in self.evals) if math.isfinite(v)]
-        return min(finite) if finite else math.nan
-
-    @property
-    def diverged(self) -> bool:
-        flagged = bool(self.summary and self.summary.get("diverged"))
-        return flagged or not math.isfinite(self.final_val_loss)
-
-    @property
-    def tokens_per_sec(self) -> float:
-        """summary.json's figure; for a running job the median over its train records."""
-        if self.summary is not None and self.summary.get("tokens_per_sec") is not None:
-            return float(self.summary["tokens_per_sec"])
-        rates = [_num(t.get("tokens_per_sec")) for t in self.train]
-        rates = [r for r in rates if math.isfinite(r)]
-        return statistics.median(rates) if rates else math.nan
-
-    @property
-    def loss_at_init(self) -> Optional[float]:
-        """The step-0 eval loss (its record, else summary's init_val_loss), else ln(vocab_size)
-        from run.json (the loss of a uniform prediction), else None."""
-        for e in self.evals:
-            if e.get("step") == 0 and math.isfinite(_num(e.get("val_loss"))):
-                return float(e["val_loss"])
-        if self.summary is not None and self.summary.get("init_val_loss") is not None:
-            return float(self.summary["init_val_loss"])
-        vocab = _lookup(self.info, ("model_config", "vocab_size"),
-                        ("config", "model", "vocab_size"), ("vocab_size",))
-        return math.log(vocab) if vocab else None
-
-    def setting(self, key: str) -> Optional[str]:
-        """The value of a dotted config key: the override, else run.json's resolved config, so
-        that a run that left optim.lr at its default groups with runs that set the same lr.
-        Numbers are written canonically ("1e-3" and "0.001" are one value)."""
-        value = self.overrides.get(key)
-        if value is None:
-            value = _lookup(self.info, ("config", *key.split(".")))
-        if value is None or isinstance(value, (dict, list)):
-            return None
-        if isinstance(value, bool):
-            return str(value).lower()
-        try:
-            return format(float(value), ".10g")
-        except ValueError:
-            return str(value)
-
-    @property
-    def lr(self) -> float:
-        """optim.lr of the run, NaN if neither the overrides nor run.json give it."""
-        lr = self.setting(LR_KEY)
-        return math.nan if lr is None else float(lr)
-
-
-def _num(x) -> float:
-    """JSON number (or null / NaN / Infinity) as a float; null becomes NaN."""
-    return math.nan if x is None else float(x)
-
-
-def _lookup(d: dict, *paths):
-    for path in paths:
-        node = d
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None:
-            return node
-    return None
-
-
-def find_run_dirs(root: Path) -> list[Path]:
-    """Every folder under root (root included) that holds a run; run folders are not entered."""
-    found = []
-    for dirpath, dirnames, _ in os.walk(root):
-        here = Path(dirpath)
-        if any((here / m).exists() for m in RUN_MARKERS):
-            found.append(here)
-            dirnames.clear()
-        else:
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-    return found
-
-
-def read_overrides(run_dir: Path, info: dict) -> dict:
-    """.hydra/overrides.yaml (a YAML list of "key=value"), else run.json's "overrides", as a
-    dict; "+key" counts as "key"."""
-    f = run_dir / ".hydra" / "overrides.yaml"
-    items = (yaml.safe_load(f.read_text()) or []) if f.exists() else info.get("overrides") or []
-    out = {}
-    for item in items:
-        key, sep, value = str(item).partition("=")
-        key = key.lstrip("+")
-        if sep and not key.startswith("~") and not key.startswith("hydra."):
-            out[key] = value
-    return out
-
-
-def read_metrics(path: Path) -> tuple[list[dict], int]:
-    """Records of metrics.jsonl and the number of unreadable lines (a job may be mid-write)."""
-    records, bad = [], 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            bad += 1
-    return records, bad
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def load_run(run_dir: Path, notes: list) -> tuple[Optional[Run], Optional[str]]:
-    """A Run, or (None, why it was skipped)."""
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.exists():
-        return None, "no metrics.jsonl"
-    records, bad = read_metrics(metrics)
-    if bad:
-        notes.append(f"{run_dir}: ignored {bad} unreadable line(s) of metrics.jsonl")
-    if not records:
-        return None, "empty metrics.jsonl"
-    evals = [r for r in records if r.get("kind") == "eval"]
-    if not evals:
-        return None, "no eval record yet"
-    info = _read_json(run_dir / "run.json") or {}
-    overrides = read_overrides(run_dir, info)
-    variant = overrides.get(VARIANT_KEY) or _lookup(
-        info, ("config", "scaling", "name"), ("model_config", "scaling", "name")) or "unknown"
-    train = [r for r in records if r.get("kind") == "train"]
-    return Run(run_dir, overrides, str(variant), train, evals,
-               _read_json(run_dir / "summary.json"), info), None
-
-
-def load_runs(roots: list[Path]) -> tuple[list[Run], list[str], list[str]]:
-    """All runs under the roots, the skipped ones ("path: reason") and notes."""
-    runs, skipped, notes = [], [], []
-    for root in roots:
-        for run_dir in find_run_dirs(root):
-            run, why = load_run(run_dir, notes)
-            if run is None:
-                skipped.append(f"{run_dir}: {why}")
-            else:
-                runs.append(run)
-    return runs, skipped, notes
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. Grouping and statistics
-# ---------------------------------------------------------------------------------------------
-
-
-def is_seed_key(key: str) -> bool:
-    return key == "seed" or key.endswith(".seed")
-
-
-def varying_keys(runs: list[Run]) -> list[str]:
-    """Override keys (seed excluded) whose value differs between runs, in a stable order."""
-    keys = sorted({k for r in runs for k in r.overrides if not is_seed_key(k)})
-    return [k for k in keys if len({r.setting(k) for r in runs}) > 1]
-
-
-def _value_order(value):
-    try:
-        return (0, float(value), "")
-    except (TypeError, ValueError):
-        return (1, 0.0, str(value))
-
-
-def _variant_order(variant: str):
-    rank = VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
-    return (rank, variant)
-
-
-def group_runs(runs: list[Run], drop: tuple = ()) -> dict[tuple, list[Run]]:
-    """Group key: (("scaling", variant), (key, value), ...) over the varying keys not in drop."""
-    keys = [k for k in varying_keys(runs) if k != VARIANT_KEY and k not in drop]
-    groups: dict[tuple, list[Run]] = {}
-    for r in runs:
-        key = ((VARIANT_KEY, r.variant),) + tuple((k, r.setting(k)) for k in keys)
-        groups.setdefault(key, []).append(r)
-    order = sorted(groups, key=lambda g: (_variant_order(g[0][1]),
-                                          [_value_order(v) for _, v in g[1:]]))
-    return {g: groups[g] for g in order}
-
-
-def group_label(key: tuple) -> str:
-    return ", ".join(f"{k}={'default' if v is None else v}" for k, v in key)
-
-
-def mean_std(values: list[float]) -> Optional[tuple[float, Optional[float]]]:
-    """Mean and sample std (n - 1); std None for a single value; None for no values."""
-    if not values:
-        return None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
-def lr_sensitivity(runs: list[Run]) -> Optional[dict]:
-    """Wortsman et al. 2023 LR sensitivity of one variant's runs across their LR grid.
-
-    Returns {"per_lr": {lr: clipped loss mean over seeds}, "best": best_loss, "best_lr",
-    "sensitivity", "diverged": {lr: count}}, or None when a run has no loss_at_init.
-    """
-    by_lr: dict[float, list[float]] = {}
-    diverged: dict[float, int] = {}
-    for r in runs:
-        init = r.loss_at_init
-        if init is None:
-            return None
-        loss = init if r.diverged else min(r.final_val_loss, init)
-        by_lr.setdefault(r.lr, []).append(loss)
-        diverged[r.lr] = diverged.get(r.lr, 0) + int(r.diverged)
-    per_lr = {lr: statistics.fmean(v) for lr, v in sorted(by_lr.items())}
-    best_lr = min(per_lr, key=per_lr.get)
-    best = per_lr[best_lr]
-    return {"per_lr": per_lr, "best": best, "best_lr": best_lr,
-            "sensitivity": statistics.fmean(v - best for v in per_lr.values()),
-            "diverged": diverged}
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. The Markdown report
-# ---------------------------------------------------------------------------------------------
-
-
-def _fmt(ms: Optional[tuple[float, Optional[float]]], digits: int = 4) -> str:
-    if ms is None:
-        return "n/a"
-    mean, std = ms
-    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def results_table(groups: dict[tuple, list[Run]]) -> list[str]:
-    lines = ["| group | seeds | final val loss | best val loss | diverged | still running"
-             " | tokens/s |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for key, runs in groups.items():
-        ok = [r for r in runs if not r.diverged]
-        rates = [r.tokens_per_sec for r in runs if math.isfinite(r.tokens_per_sec)]
-        lines.append(
-            f"| {group_label(key)} | {len(runs)} | {_fmt(mean_std([r.final_val_loss for r in ok]))}"
-            f" | {_fmt(mean_std([r.best_val_loss for r in ok]))}"
-            f" | {sum(r.diverged for r in runs)} | {sum(r.partial for r in runs)}"
-            f" | {_fmt(mean_std(rates), 0)} |")
-    return lines
-
-
-def diagnostics_table(groups: dict[tuple, list[Run]]) -> list[str]:
-    """Attention at the first and the last evaluation of each group: mean over layers of the
-    entropy and saturated-row fraction, max over layers of max |logit|; mean over seeds."""
-    lines = ["## Attention diagnostics (first and last evaluation)", "",
-             "Entropy and saturated fraction: mean over layers; max logit: max over layers;"
-             " each the mean over the group's runs.", "",
-             "| group | step | entropy | saturated | max logit | step | entropy | saturated"
-             " | max logit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for key, runs in groups.items():
-        cells = []
-        for pick in (0, -1):
-            records = [r.evals[pick] for r in runs if r.evals and "attn_entropy" in r.evals[pick]]
-            if not records:
-                cells += ["n/a"] * 4
-                continue
-            entropy = statistics.fmean(statistics.fmean(map(_num, e["attn_entropy"]))
-                                       for e in records)
-            saturated = statistics.fmean(statistics.fmean(map(_num, e["attn_saturated"]))
-                                         for e in records)
-            max_logit = statistics.fmean(max(map(_num, e["attn_max_logit"])) for e in records)
-            cells += [str(records[0].get("step")), f"{entropy:.3f}", f"{saturated:.3f}",
-                      f"{max_logit:.4g}"]
-        lines.append(f"| {group_label(key)} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def lr_tables(runs: list[Run]) -> list[str]:
-    variants = group_runs(runs, drop=(LR_KEY,))
-    lrs = sorted({r.lr for r in runs})
-    # "LRs" says how much of the grid a variant has: on a partial sweep the number is provisional
-    head = ["| variant | LR sensitivity | best loss | best lr | LRs | diverged | still running |"]
-    head.append("|---|---:|---:|---:|---:|---:|---:|")
-    grid = ["| variant | " + " | ".join(f"lr={lr:g}" for lr in lrs) + " |",
-            "|---|" + "---:|" * len(lrs)]
-    for key, vruns in variants.items():
-        s = lr_sensitivity(vruns)
-        if s is None:
-            head.append(f"| {group_label(key)} | n/a (no loss_at_init) | | | | | |")
-            continue
-        head.append(f"| {group_label(key)} | {s['sensitivity']:.4f} | {s['best']:.4f}"
-                    f" | {s['best_lr']:g} | {len(s['per_lr'])}/{len(lrs)}"
-                    f" | {sum(s['diverged'].values())} | {sum(r.partial for r in vruns)} |")
-        cells = []
-        for lr in lrs:
-            if lr not in s["per_lr"]:
-                cells.append("")
-                continue
-            div = s["diverged"][lr]
-            cells.append(f"{s['per_lr'][lr]:.4f}" + (f" ({div} div.)" if div else ""))
-        grid.append(f"| {group_label(key)} | " + " | ".join(cells) + " |")
-    return (["## LR sensitivity (Wortsman et al. 2023; SCIENCE.md section 5)", ""] + head
-            + ["", "Final val loss per learning rate (mean over seeds, each clipped at its"
-               " loss_at_init; a diverged run counts as loss_at_init):", ""] + grid)
-
-
-def markdown_report(roots, runs, groups, skipped, notes, has_lr: bool, lr_runs) -> str:
-    lines = ["# Sweep results", "", "Sweeps: " + ", ".join(f"`{r}`" for r in roots), "",
-             "Final and best val loss: mean ± sample std over the runs of the group that did not"
-             " diverge; still-running runs use their last eval record.", ""]
-    lines += results_table(groups)
-    lines += [""] + diagnostics_table(groups)
-    if has_lr:
-        lines += [""] + lr_tables(lr_runs)
-    partial = [r for r in runs if r.partial]
-    if partial:
-        lines += ["", "## Still running (no summary.json)", ""]
-        lines += [f"- {r.path} (last eval at step {r.evals[-1].get('step')})" for r in partial]
-    lines += ["", "## Skipped", ""] + ([f"- {s}" for s in skipped] or ["- none"])
-    if notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# 4. Figures
-# ---------------------------------------------------------------------------------------------
-
-
-def _aggregate(series: list[tuple[list, list]]):
-    """Seeds -> (steps, mean, min, max) over the union of steps, ignoring non-finite values."""
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripts import report_stats as st  # noqa: E402
+from scripts.report_tables import DIAGNOSTICS, markdown_report  # noqa: E402
+from scripts.runs import (  # noqa: E402
+    LR_KEY,
+    VARIANT_ORDER,
+    eval_series,
+    group_runs,
+    label,
+    load_runs,
+    record_series,
+    setting_of,
+    value_order,
+    varying_keys,
+)
+
+# One colour, dash pattern and marker per scale, fixed across figures; the dashes and markers
+# keep overlapping curves (sqrt_dk under learned) apart.
+STYLES = {"sqrt_dk": ("C0", "-", "o"), "none": ("C1", "--", "s"), "dk": ("C2", "-.", "^"),
+          "constant": ("C3", ":", "D"), "learned": ("C4", (0, (6, 2)), "v"),
+          "qk_norm": ("C5", (0, (3, 1, 1, 1, 1, 1)), "P")}
+ZOOM_FROM = 0.3  # loss panels show steps from this fraction of the run in full
+LOG_FIELDS = {"attn_max_logit", "attn_raw_max_logit", "attn_raw_var"}
+
+
+def style(variant: str) -> dict:
+    color, ls, marker = STYLES.get(variant, ("C7", "-", "."))
+    return {"color": color, "ls": ls, "marker": marker, "markevery": 0.2, "ms": 4, "lw": 1.4}
+
+
+def aggregate(series: list[tuple[list, list]]):
+    """Seeds' (steps, values) -> steps, mean, band half-width (NaN where n < 2)."""
     steps = sorted({s for xs, _ in series for s in xs})
-    if not steps:
-        return None
     index = {s: i for i, s in enumerate(steps)}
     grid = np.full((len(series), len(steps)), np.nan)  # (runs, steps)
     for row, (xs, ys) in enumerate(series):
@@ -423,170 +75,388 @@ def _aggregate(series: list[tuple[list, list]]):
     keep = ~np.all(np.isnan(grid), axis=0)
     if not keep.any():
         return None
-    g = grid[:, keep]
-    return (np.array(steps)[keep], np.nanmean(g, axis=0), np.nanmin(g, axis=0),
-            np.nanmax(g, axis=0))
+    grid, steps = grid[:, keep], np.array(steps)[keep]
+    n = np.sum(~np.isnan(grid), axis=0)
+    mean = np.nanmean(grid, axis=0)
+    half = np.full(len(steps), np.nan)
+    for i in np.flatnonzero(n >= 2):
+        iv = st.mean_interval(list(grid[:, i][~np.isnan(grid[:, i])]))
+        half[i] = iv.half
+    return steps, mean, half
 
 
-def _styles(groups: dict[tuple, list[Run]]) -> dict[tuple, dict]:
-    """One colour per variant; within a variant, lighter shades and other dashes per group."""
-    variants = sorted({k[0][1] for k in groups}, key=_variant_order)
-    base = {}
-    for v in variants:
-        rank = _variant_order(v)[0]
-        extra = len(VARIANT_ORDER) + variants.index(v)  # unknown variants after the known six
-        base[v] = f"C{rank if rank < len(VARIANT_ORDER) else extra}"
-    styles, seen = {}, {}
-    dashes = ("-", "--", "-.", ":")
-    for key in groups:
-        v = key[0][1]
-        i = seen.get(v, 0)
-        seen[v] = i + 1
-        n = sum(1 for k in groups if k[0][1] == v)
-        rgb = np.array(matplotlib.colors.to_rgb(base[v]))
-        shade = rgb + (1 - rgb) * (0.6 * i / max(n - 1, 1) if n > 1 else 0.0)
-        styles[key] = {"color": tuple(shade), "ls": dashes[i % len(dashes)]}
-    return styles
+def draw(ax, agg, variant: str, text: str) -> None:
+    steps, mean, half = agg
+    s = style(variant)
+    ax.plot(steps, mean, label=text, **s)
+    if np.isfinite(half).any():
+        ax.fill_between(steps, mean - half, mean + half, color=s["color"], alpha=0.18, lw=0)
 
 
-def _draw(ax, agg, style, label):
-    steps, mean, lo, hi = agg
-    ax.plot(steps, mean, label=label, **style)
-    ax.fill_between(steps, lo, hi, color=style["color"], alpha=0.2, lw=0)
+def seeds_note(groups: dict) -> str:
+    """What a line and a band are, with the n the lines really have."""
+    ns = sorted({len(runs) for runs in groups.values()})
+    if ns == [1]:
+        return "one seed per line (no interval)"
+    if len(ns) == 1:
+        return f"mean of n={ns[0]} seeds per line, band = 95% t interval"
+    return f"mean of n={ns[0]}-{ns[-1]} seeds per line (legend), band = 95% t interval where n>=2"
 
 
-def plot_losses(groups, path: Path) -> None:
-    styles = _styles(groups)
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    for key, runs in groups.items():
-        train = [([t["step"] for t in r.train], [_num(t.get("loss")) for t in r.train])
-                 if r.train else
-                 ([e["step"] for e in r.evals], [_num(e.get("train_loss")) for e in r.evals])
-                 for r in runs]
-        val = [([e["step"] for e in r.evals], [_num(e.get("val_loss")) for e in r.evals])
-               for r in runs]
-        for ax, series in zip(axes, (train, val)):
-            agg = _aggregate(series)
-            if agg is not None:
-                _draw(ax, agg, styles[key], f"{group_label(key)} (n={len(runs)})")
-    inits = [r.loss_at_init for rs in groups.values() for r in rs if r.loss_at_init]
-    for ax, title in zip(axes, ("train loss (train records)", "val loss (eval records)")):
-        ax.set(xlabel="step", ylabel="cross-entropy (nats)", title=title)
-        if inits:  # a diverging run should not squash every other curve
-            ax.set_ylim(top=1.15 * max(inits))
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle("mean over seeds, band = min/max")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def panels(groups: dict) -> list[list[tuple[str, list]]]:
+    """Panel grid: rows of (title, [(group key, runs), ...]). A panel is a setting (the first
+    setting key picks the row, the others the column); a sweep of scales alone gets one panel
+    per scale, three to a row."""
+    settings = sorted({setting_of(k) for k in groups}, key=_order)
+    if settings == [()]:
+        cells = [(key[0][1], [(key, runs)]) for key, runs in groups.items()]
+        return [cells[i:i + 3] for i in range(0, len(cells), 3)]
+    rows = sorted({s[:1] for s in settings}, key=_order)
+    cols = sorted({s[1:] for s in settings}, key=_order)
+    return [[(label(r + c), [(k, g) for k, g in groups.items() if setting_of(k) == r + c])
+             for c in cols] for r in rows]
 
 
-def plot_diagnostics(groups, path: Path) -> None:
-    styles = _styles(groups)
-    n_layer = max((len(e.get(name) or []) for rs in groups.values() for r in rs
-                   for e in r.evals for name, _, _ in DIAGNOSTICS), default=0)
-    cols = max(n_layer, 1)
-    fig, axes = plt.subplots(3, cols, figsize=(3.6 * cols + 3, 8.5), squeeze=False)
-    for row, (name, ylabel, log) in enumerate(DIAGNOSTICS):
-        for layer in range(n_layer):
-            ax = axes[row][layer]
-            for key, runs in groups.items():
-                series = []
-                for r in runs:
-                    has = [e for e in r.evals if len(e.get(name) or []) > layer]
-                    series.append(([e["step"] for e in has], [_num(e[name][layer]) for e in has]))
-                agg = _aggregate(series)
+def _order(pairs):
+    return [value_order(v) for _, v in pairs]
+
+
+def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
+                    zoom: bool = False, zero_line: bool = False) -> None:
+    grid = panels(groups)
+    n_cols = max(len(row) for row in grid)
+    fig, axes = plt.subplots(len(grid), n_cols, figsize=(3.6 * n_cols + 0.6,
+                             2.6 * len(grid) + 1.3), sharex=True, sharey=True, squeeze=False,
+                             layout="constrained")
+    mixed_n = len({len(g) for g in groups.values()}) > 1
+    per_scale = len(groups) == sum(len(row) for row in grid) and not setting_of(next(iter(groups)))
+    for i, row in enumerate(grid):
+        for j in range(n_cols):
+            ax = axes[i][j]
+            if j >= len(row):
+                ax.axis("off")
+                continue
+            title_ij, members = row[j]
+            if per_scale:  # the other scales in grey, for context
+                for key, runs in groups.items():
+                    agg = aggregate([series_of(r) for r in runs])
+                    if agg is not None and key != members[0][0]:
+                        ax.plot(agg[0], agg[1], color="0.82", lw=0.8, zorder=0)
+            for key, runs in members:
+                agg = aggregate([series_of(r) for r in runs])
                 if agg is not None:
-                    _draw(ax, agg, styles[key], group_label(key))
-            if log:
-                ax.set_yscale("log")
-            elif name == "attn_saturated":
-                ax.set_ylim(-0.02, 1.02)  # a fraction: keep layers and runs comparable
-            else:
-                ax.set_ylim(bottom=0.0)
-            ax.set(title=f"layer {layer}", xlabel="step", ylabel=ylabel)
+                    v = key[0][1]
+                    draw(ax, agg, v, f"{v} (n={len(runs)})" if mixed_n else v)
+            ax.set_title(title_ij, fontsize=9)
             ax.grid(alpha=0.3)
-    if n_layer == 0:
-        axes[0][0].text(0.5, 0.5, "no attention diagnostics in these runs", ha="center")
-    else:
-        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
+            if zero_line:
+                ax.axhline(0.0, color="k", lw=0.8)
+            ax.set_xlabel("step")
+            ax.xaxis.set_tick_params(labelbottom=True)  # a panel may have none below it
+            if j == 0:
+                ax.set_ylabel(ylabel)
+    if zoom:
+        zoom_losses(axes.flat[0], groups, series_of)
+    legend(fig, axes)
+    context = " (grey: the other scales)" if per_scale else ""
+    fig.suptitle(f"{title}{context}\n{seeds_note(groups)}", fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def _peak_logit(run: Run) -> float:
-    """Largest finite max |logit| over every eval record and layer of a run."""
-    vals = [_num(x) for e in run.evals for x in (e.get("attn_max_logit") or [])]
-    vals = [v for v in vals if math.isfinite(v)]
-    return max(vals) if vals else math.nan
+def zoom_losses(ax, groups, series_of) -> None:
+    """Shared y-range over the last ZOOM_FROM of the run: the early drop from the loss at init
+    runs off the top, so that the differences late in training show."""
+    lows, highs = [], []
+    for runs in groups.values():
+        agg = aggregate([series_of(r) for r in runs])
+        if agg is None:
+            continue
+        steps, mean, half = agg
+        late = np.isfinite(mean) & (steps >= ZOOM_FROM * steps.max()) & (steps > 0)
+        if late.any():
+            lows.append(np.nanmin((mean - np.nan_to_num(half))[late]))
+            highs.append(np.nanmax(mean[late]))
+    if lows:
+        pad = 0.05 * (max(highs) - min(lows) or 1.0)
+        ax.set_ylim(min(lows) - pad, max(highs) + pad)
 
 
-def plot_lr(runs: list[Run], path: Path) -> None:
-    variants = group_runs(runs, drop=(LR_KEY,))
-    styles = _styles(variants)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    for key, vruns in variants.items():
-        style, label = styles[key], group_label(key)
-        s = lr_sensitivity(vruns)
-        if s is not None:
-            lrs = list(s["per_lr"])
-            ax1.plot(lrs, list(s["per_lr"].values()), marker="o",
-                     label=f"{label} (sens. {s['sensitivity']:.3f})", **style)
-            div = [lr for lr in lrs if s["diverged"][lr]]
-            ax1.plot(div, [s["per_lr"][lr] for lr in div], "x", ms=10, color=style["color"])
-        by_lr: dict[float, list[float]] = {}
-        for r in vruns:
-            by_lr.setdefault(r.lr, []).append(_peak_logit(r))
-        lrs = sorted(by_lr)
-        peaks = [np.nanmax(by_lr[lr]) if np.isfinite(by_lr[lr]).any() else np.nan for lr in lrs]
-        ax2.plot(lrs, peaks, marker="o", label=label, **style)
-    ax1.set(xscale="log", xlabel="learning rate (optim.lr)",
-            ylabel="final val loss (clipped at loss_at_init)",
-            title="final val loss vs LR (x: a seed diverged)")
-    ax2.set(xscale="log", yscale="log", xlabel="learning rate (optim.lr)",
-            ylabel="peak max |attention logit|", title="attention-logit growth vs LR")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+def legend(fig, axes) -> None:
+    """One short legend above the panels, one entry per scale."""
+    entries = {}
+    for ax in np.ravel(axes):
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(text, handle)
+    if entries:
+        order = sorted(entries, key=lambda t: _variant_rank(t.split(" ")[0]))
+        fig.legend([entries[t] for t in order], order, loc="outside lower center",
+                   ncol=min(len(order), 6), fontsize=8, frameon=False)
+
+
+def _variant_rank(v: str) -> int:
+    return VARIANT_ORDER.index(v) if v in VARIANT_ORDER else len(VARIANT_ORDER)
+
+
+def plot_losses(groups, path: Path, note: str) -> None:
+    small_multiples(groups, lambda r: eval_series(r, "val_loss", None),
+                    "val loss (nats)", f"Validation loss on the sampled batches{note};"
+                    f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training", path, zoom=True)
+
+
+def plot_vs_baseline(groups, baseline: str, path: Path, note: str) -> None:
+    """Each scale's val loss minus the baseline's at the same setting, seed and step: the band
+    is the 95% interval of the paired difference, so a lead is real where it clears 0."""
+    base = {(setting_of(k), r.seed): r for k, g in groups.items() if k[0][1] == baseline
+            for r in g}
+    setting = {id(r): setting_of(k) for k, g in groups.items() for r in g}
+
+    def difference(run):
+        other = base.get((setting[id(run)], run.seed))
+        if other is None:
+            return [], []
+        mine, theirs = (dict(zip(*eval_series(x, "val_loss", None))) for x in (run, other))
+        steps = sorted(set(mine) & set(theirs))
+        return steps, [mine[t] - theirs[t] for t in steps]
+
+    others = {k: g for k, g in groups.items() if k[0][1] != baseline
+              and any(difference(r)[0] for r in g)}
+    if others:
+        small_multiples(others, difference, f"val loss − {baseline} (nats)",
+                        f"Val loss minus {baseline}'s at the same seed and step{note};"
+                        f" below 0 = lower than {baseline}", path, zero_line=True)
+
+
+def reducer(how: str):
+    return max if how == "max" else (lambda xs: sum(xs) / len(xs))
+
+
+def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = ()) -> None:
+    """One row per statistic (name, y label, series of a run, log y), one column per setting;
+    the rows named in `tied` share one y-range."""
+    settings = sorted({setting_of(k) for k in groups}, key=_order)
+    fig, axes = plt.subplots(len(rows), len(settings), squeeze=False, sharex=True,
+                             figsize=(3.4 * len(settings) + 1.0, 2.1 * len(rows) + 1.2),
+                             layout="constrained")
+    mixed_n = len({len(g) for g in groups.values()}) > 1
+    for i, (name, ylabel, series_of, log) in enumerate(rows):
+        for j, setting in enumerate(settings):
+            ax = axes[i][j]
+            for key, runs in groups.items():
+                agg = aggregate([series_of(r) for r in runs]) if setting_of(key) == setting \
+                    else None
+                if agg is not None:
+                    v = key[0][1]
+                    draw(ax, agg, v, f"{v} (n={len(runs)})" if mixed_n else v)
+            if not ax.lines:
+                ax.text(0.5, 0.5, f"{name}\nnot recorded", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=8, color="0.4")
+            elif log:
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title(label(setting, "all runs"), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(ylabel, fontsize=8)
+        share_y(axes[i])
+    share_y([ax for i, row in enumerate(rows) if row[0] in tied for ax in axes[i]])
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    legend(fig, axes)
+    fig.suptitle(f"{title}\n{seeds_note(groups)}", fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def share_y(row_axes) -> None:
+    """One y-range for the drawn panels of a row, so that columns compare."""
+    used = [ax for ax in row_axes if ax.lines]
+    if len(used) > 1:
+        lo = min(ax.get_ylim()[0] for ax in used)
+        hi = max(ax.get_ylim()[1] for ax in used)
+        for ax in used:
+            ax.set_ylim(lo, hi)
+
+
+def plot_diagnostics(groups, path: Path, note: str) -> None:
+    rows = [(name, f"{heading}\n({how} over layers)",
+             lambda r, n=name, h=how: eval_series(r, n, reducer(h)), name in LOG_FIELDS)
+            for name, heading, how in DIAGNOSTICS]
+    # the scaled and the raw max logit on one y-range: the gap between them is the scale
+    stat_grid(groups, rows, f"Attention on the fixed validation batch{note}", path,
+              tied=("attn_max_logit", "attn_raw_max_logit"))
+
+
+def plot_qk_grads(groups, path: Path, note: str) -> None:
+    rows = [(f"{s}_grad_norm", f"|grad W_{s}|\n(mean over layers)",
+             lambda r, s=s: record_series(r, f"{s}_grad_norm"), True) for s in ("q", "k")]
+    stat_grid(groups, rows, f"Gradient norm of the q and k projections{note}", path)
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. Command line
+# Learning-rate sweeps
+# ---------------------------------------------------------------------------------------------
+
+
+def at_best_lr(lr_runs, which: str) -> dict:
+    """Group key without the LR -> the runs of that group at its own best LR."""
+    out = {}
+    for key, vruns in group_runs(lr_runs, drop=(LR_KEY,)).items():
+        best = st.best_lr(st.lr_table(vruns, which))
+        if best is not None:
+            out[key] = [r for r in vruns if r.lr == best["lr"]]
+    return out
+
+
+def setting_axis(settings: list[tuple]):
+    """x positions and tick labels of settings: the value itself (log scale) when there is a
+    single numeric key such as model.d_head, else 0, 1, 2, ..."""
+    try:
+        if all(len(s) == 1 for s in settings):
+            return [float(s[0][1]) for s in settings], settings[0][0][0], True
+    except (TypeError, ValueError):
+        pass
+    return list(range(len(settings))), "setting", False
+
+
+def plot_lr(lr_runs, which: str, path: Path) -> None:
+    """Top: loss vs LR, one panel per setting. Bottom: best LR, loss at the best LR and LR
+    sensitivity against the setting (the head width in lr_transfer)."""
+    variants = group_runs(lr_runs, drop=(LR_KEY,))
+    tables = {k: st.lr_table(g, which) for k, g in variants.items()}
+    settings = sorted({setting_of(k) for k in variants}, key=_order)
+    cols = max(len(settings), 3)
+    fig, axes = plt.subplots(2, cols, figsize=(3.6 * cols, 6.6), squeeze=False,
+                             layout="constrained")
+    for j, setting in enumerate(settings):
+        ax = axes[0][j]
+        for key, table in tables.items():
+            if setting_of(key) == setting:
+                lr_curve(ax, key[0][1], table, variants[key])
+        ax.set(xscale="log", xlabel="learning rate")
+        ax.set_title(label(setting, "all runs"), fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel(f"{st.LOSSES[which][1]}\n(clipped at loss at init)", fontsize=8)
+    share_y(axes[0][:len(settings)])
+    for ax in axes[0][len(settings):]:
+        ax.axis("off")
+    summary_panels(axes[1], tables, settings)
+    for ax in axes[1][3:]:
+        ax.axis("off")
+    legend(fig, axes)
+    ns = sorted({len(s) for t in tables.values() for s in t.values()})
+    fig.suptitle("Learning rate x setting: points = mean of n="
+                 f"{ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds, bars = 95% t"
+                 " interval (x: a seed diverged)", fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def lr_curve(ax, variant: str, table: dict, runs) -> None:
+    lrs = [lr for lr in table if st.mean_interval(list(table[lr].values()))]
+    ivs = [st.mean_interval(list(table[lr].values())) for lr in lrs]
+    s = style(variant)
+    ax.errorbar(lrs, [iv.mean for iv in ivs], yerr=[iv.half or 0.0 for iv in ivs],
+                label=variant, capsize=2, **{k: v for k, v in s.items() if k != "markevery"})
+    div = [lr for lr in lrs if any(r.diverged for r in runs if r.lr == lr)]
+    ax.plot(div, [ivs[lrs.index(lr)].mean for lr in div], "x", ms=9, color=s["color"])
+
+
+def summary_panels(axes, tables: dict, settings: list[tuple]) -> None:
+    xs, xlabel, numeric = setting_axis(settings)
+    for key, table in tables.items():
+        x = xs[settings.index(setting_of(key))]
+        best = st.best_lr(table)
+        if best is None:
+            continue
+        s = style(key[0][1])
+        span = [best["lr"], *best["tied"]]  # the LRs not resolved from the best
+        axes[0].errorbar([x], [best["lr"]], yerr=[[best["lr"] - min(span)],
+                         [max(span) - best["lr"]]], capsize=3, color=s["color"],
+                         marker=s["marker"])
+        loss = best["loss"]
+        axes[1].errorbar([x], [loss.mean], yerr=[loss.half or 0.0], capsize=3,
+                         color=s["color"], marker=s["marker"])
+        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
+        if sens is not None:
+            axes[2].errorbar([x], [sens.mean], yerr=[sens.half or 0.0], capsize=3,
+                             color=s["color"], marker=s["marker"])
+    join_points(axes, tables, settings, xs)
+    titles = ("best LR (bar: LRs not resolved from it)", "loss at each scale's own best LR",
+              "LR sensitivity (Wortsman et al. 2023)")
+    for ax, title in zip(axes, titles):
+        ax.set(title=title, xlabel=xlabel)
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3, which="both")
+        if numeric:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{x:g}" for x in xs] if numeric else
+                      [label(s) for s in settings], fontsize=7)
+    axes[0].set_yscale("log")
+
+
+def join_points(axes, tables, settings, xs) -> None:
+    """Lines through each scale's points across settings, so a trend reads at a glance."""
+    by_variant: dict[str, list] = {}
+    for key, table in tables.items():
+        best = st.best_lr(table)
+        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
+        if best is not None:
+            by_variant.setdefault(key[0][1], []).append(
+                (xs[settings.index(setting_of(key))], best["lr"], best["loss"].mean,
+                 sens.mean if sens else math.nan))
+    for variant, points in by_variant.items():
+        points.sort()
+        s = style(variant)
+        for ax, col in zip(axes, (1, 2, 3)):
+            ax.plot([p[0] for p in points], [p[col] for p in points], color=s["color"],
+                    ls=s["ls"], lw=1.2, label=variant)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
 # ---------------------------------------------------------------------------------------------
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweeps", nargs="+", type=Path, help="sweep or run directories")
-    parser.add_argument("--out", type=Path, required=True, help="folder for figures and table")
+    parser.add_argument("sweeps", nargs="+", type=Path, help="sweep or run folders to read")
+    parser.add_argument("--out", type=Path, required=True, help="folder for figures and tables")
+    parser.add_argument("--loss", choices=tuple(st.LOSSES), default="full",
+                        help="final loss of the tables: full = final_val_loss_full (the whole"
+                        " validation split, default), sampled = final_val_loss")
+    parser.add_argument("--baseline", default="sqrt_dk", help="scale the others are paired with")
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.sweeps if not p.is_dir()]
     if missing:
-        print(f"plot_runs: not a directory: {', '.join(missing)}. Pass the multirun/<date>/<time>"
-              " folder of a sweep, or a run directory.", file=sys.stderr)
+        print(f"plot_runs: not a directory: {', '.join(missing)}. Pass the multirun/<preset>/"
+              "<time> folder of a sweep, or a run folder.", file=sys.stderr)
         return 2
-
     runs, skipped, notes = load_runs(args.sweeps)
     for s in skipped:
         print(f"skipped {s}", file=sys.stderr)
     if not runs:
         print("plot_runs: no run with eval records found under "
-              f"{', '.join(map(str, args.sweeps))}.", file=sys.stderr)
+              f"{', '.join(map(str, args.sweeps))}; point it at a sweep's folder of jobs.",
+              file=sys.stderr)
         return 2
     groups = group_runs(runs)
-    has_lr = LR_KEY in varying_keys(runs)
-    lr_runs = [r for r in runs if math.isfinite(r.lr)]
+    lr_runs = [r for r in runs if math.isfinite(r.lr)] if LR_KEY in varying_keys(runs) else []
+    curves, note = groups, ""
+    if lr_runs:
+        curves, note = at_best_lr(lr_runs, args.loss), ", each scale at its own best LR"
+        if not curves:
+            notes.append(f"no best LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
     args.out.mkdir(parents=True, exist_ok=True)
-    plot_losses(groups, args.out / "loss_curves.png")
-    plot_diagnostics(groups, args.out / "diagnostics.png")
-    if has_lr:
-        plot_lr(lr_runs, args.out / "lr_sensitivity.png")
-    report = markdown_report(args.sweeps, runs, groups, skipped, notes, has_lr, lr_runs)
+    if curves:
+        plot_losses(curves, args.out / "loss_curves.png", note)
+        plot_vs_baseline(curves, args.baseline, args.out / "loss_vs_baseline.png", note)
+        plot_diagnostics(curves, args.out / "diagnostics.png", note)
+        plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
+    if lr_runs:
+        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png")
+    report = markdown_report(args.sweeps, runs, groups, skipped, notes, args.loss,
+                             args.baseline, lr_runs)
     (args.out / "results.md").write_text(report)
     print(report)
     return 0
