@@ -352,20 +352,26 @@ def plot_lr(lr_runs, which: str, path: Path) -> None:
     plt.close(fig)
 
 
+def dodge(variant: str) -> float:
+    """A small factor on a log x-axis per scale, so equal points and their bars stay apart."""
+    return 1.07 ** (_variant_rank(variant) - 2.5)
+
+
 def lr_curve(ax, variant: str, table: dict, runs) -> None:
     lrs = [lr for lr in table if st.mean_interval(list(table[lr].values()))]
     ivs = [st.mean_interval(list(table[lr].values())) for lr in lrs]
     s = style(variant)
-    ax.errorbar(lrs, [iv.mean for iv in ivs], yerr=[iv.half or 0.0 for iv in ivs],
+    xs = [lr * dodge(variant) for lr in lrs]
+    ax.errorbar(xs, [iv.mean for iv in ivs], yerr=[iv.half or 0.0 for iv in ivs],
                 label=variant, capsize=2, **{k: v for k, v in s.items() if k != "markevery"})
-    div = [lr for lr in lrs if any(r.diverged for r in runs if r.lr == lr)]
-    ax.plot(div, [ivs[lrs.index(lr)].mean for lr in div], "x", ms=9, color=s["color"])
+    div = [i for i, lr in enumerate(lrs) if any(r.diverged for r in runs if r.lr == lr)]
+    ax.plot([xs[i] for i in div], [ivs[i].mean for i in div], "x", ms=9, color=s["color"])
 
 
 def summary_panels(axes, tables: dict, settings: list[tuple]) -> None:
     xs, xlabel, numeric = setting_axis(settings)
     for key, table in tables.items():
-        x = xs[settings.index(setting_of(key))]
+        x = xs[settings.index(setting_of(key))] * (dodge(key[0][1]) if numeric else 1.0)
         best = st.best_lr(table)
         if best is None:
             continue
@@ -381,7 +387,7 @@ def summary_panels(axes, tables: dict, settings: list[tuple]) -> None:
         if sens is not None:
             axes[2].errorbar([x], [sens.mean], yerr=[sens.half or 0.0], capsize=3,
                              color=s["color"], marker=s["marker"])
-    join_points(axes, tables, settings, xs)
+    join_points(axes, tables, settings, xs, numeric)
     titles = ("best LR (bar: LRs not resolved from it)", "loss at each scale's own best LR",
               "LR sensitivity (Wortsman et al. 2023)")
     for ax, title in zip(axes, titles):
@@ -395,15 +401,16 @@ def summary_panels(axes, tables: dict, settings: list[tuple]) -> None:
     axes[0].set_yscale("log")
 
 
-def join_points(axes, tables, settings, xs) -> None:
+def join_points(axes, tables, settings, xs, numeric: bool) -> None:
     """Lines through each scale's points across settings, so a trend reads at a glance."""
     by_variant: dict[str, list] = {}
     for key, table in tables.items():
         best = st.best_lr(table)
         sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
         if best is not None:
+            x = xs[settings.index(setting_of(key))] * (dodge(key[0][1]) if numeric else 1.0)
             by_variant.setdefault(key[0][1], []).append(
-                (xs[settings.index(setting_of(key))], best["lr"], best["loss"].mean,
+                (x, best["lr"], best["loss"].mean,
                  sens.mean if sens else math.nan))
     for variant, points in by_variant.items():
         points.sort()
