@@ -61,7 +61,9 @@ LOG_FIELDS = {"attn_max_logit", "attn_raw_max_logit", "attn_raw_var"}
 
 def style(variant: str) -> dict:
     color, ls, marker = STYLES.get(variant, ("C7", "-", "."))
-    return {"color": color, "ls": ls, "marker": marker, "markevery": 0.2, "ms": 4, "lw": 1.4}
+    # markers every fifth of the line, staggered per scale so overlapping lines show each one
+    every = (0.03 * _variant_rank(variant), 0.2)
+    return {"color": color, "ls": ls, "marker": marker, "markevery": every, "ms": 4, "lw": 1.4}
 
 
 def aggregate(series: list[tuple[list, list]]):
@@ -104,16 +106,23 @@ def seeds_note(groups: dict) -> str:
 
 
 def panels(groups: dict) -> list[list[tuple[str, list]]]:
-    """Panel grid: rows of (title, [(group key, runs), ...]). A panel is a setting (the first
-    setting key picks the row, the others the column); a sweep of scales alone gets one panel
-    per scale, three to a row."""
+    """Panel grid: rows of (title, [(group key, runs), ...]). A panel is a setting: with one
+    setting key, one panel per value, three to a row; with more, the first key picks the row
+    and the others the column. A sweep of scales alone gets one panel per scale."""
     settings = sorted({setting_of(k) for k in groups}, key=_order)
     if settings == [()]:
         cells = [(key[0][1], [(key, runs)]) for key, runs in groups.items()]
+    elif all(len(s) == 1 for s in settings):
+        cells = [(label(s, short=True), [(k, g) for k, g in groups.items() if setting_of(k) == s])
+                 for s in settings]
+    else:
+        cells = None
+    if cells is not None:
         return [cells[i:i + 3] for i in range(0, len(cells), 3)]
     rows = sorted({s[:1] for s in settings}, key=_order)
     cols = sorted({s[1:] for s in settings}, key=_order)
-    return [[(label(r + c), [(k, g) for k, g in groups.items() if setting_of(k) == r + c])
+    return [[(label(r + c, short=True),
+              [(k, g) for k, g in groups.items() if setting_of(k) == r + c])
              for c in cols] for r in rows]
 
 
@@ -125,7 +134,7 @@ def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
                     zoom: bool = False, zero_line: bool = False) -> None:
     grid = panels(groups)
     n_cols = max(len(row) for row in grid)
-    fig, axes = plt.subplots(len(grid), n_cols, figsize=(3.6 * n_cols + 0.6,
+    fig, axes = plt.subplots(len(grid), n_cols, figsize=(max(3.6 * n_cols + 0.6, 8.0),
                              2.6 * len(grid) + 1.3), sharex=True, sharey=True, squeeze=False,
                              layout="constrained")
     mixed_n = len({len(g) for g in groups.values()}) > 1
@@ -190,8 +199,9 @@ def legend(fig, axes) -> None:
             entries.setdefault(text, handle)
     if entries:
         order = sorted(entries, key=lambda t: _variant_rank(t.split(" ")[0]))
+        fits = max(2, int(fig.get_figwidth() / 1.25))  # entries a row at this width
         fig.legend([entries[t] for t in order], order, loc="outside lower center",
-                   ncol=min(len(order), 6), fontsize=8, frameon=False)
+                   ncol=min(len(order), fits), fontsize=8, frameon=False)
 
 
 def _variant_rank(v: str) -> int:
@@ -235,9 +245,9 @@ def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = (
     """One row per statistic (name, y label, series of a run, log y), one column per setting;
     the rows named in `tied` share one y-range."""
     settings = sorted({setting_of(k) for k in groups}, key=_order)
+    width = max(3.4 * len(settings) + 1.0, 8.0)  # one setting: wide enough for six scales
     fig, axes = plt.subplots(len(rows), len(settings), squeeze=False, sharex=True,
-                             figsize=(3.4 * len(settings) + 1.0, 2.1 * len(rows) + 1.2),
-                             layout="constrained")
+                             figsize=(width, 2.1 * len(rows) + 1.2), layout="constrained")
     mixed_n = len({len(g) for g in groups.values()}) > 1
     for i, (name, ylabel, series_of, log) in enumerate(rows):
         for j, setting in enumerate(settings):
@@ -254,8 +264,8 @@ def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = (
             elif log:
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
-            if i == 0:
-                ax.set_title(label(setting, "all runs"), fontsize=9)
+            if i == 0 and setting:
+                ax.set_title(label(setting, short=True), fontsize=9)
             if j == 0:
                 ax.set_ylabel(ylabel, fontsize=8)
         share_y(axes[i])
@@ -334,7 +344,7 @@ def plot_lr(lr_runs, which: str, path: Path) -> None:
             if setting_of(key) == setting:
                 lr_curve(ax, key[0][1], table, variants[key])
         ax.set(xscale="log", xlabel="learning rate")
-        ax.set_title(label(setting, "all runs"), fontsize=9)
+        ax.set_title(label(setting, "all runs", short=True), fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel(f"{st.LOSSES[which][1]}\n(clipped at loss at init)", fontsize=8)
     share_y(axes[0][:len(settings)])
@@ -397,7 +407,7 @@ def summary_panels(axes, tables: dict, settings: list[tuple]) -> None:
         if numeric:
             ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [f"{x:g}" for x in xs] if numeric else
-                      [label(s) for s in settings], fontsize=7)
+                      [label(s, short=True) for s in settings], fontsize=7)
     axes[0].set_yscale("log")
 
 

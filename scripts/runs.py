@@ -231,9 +231,9 @@ def varying_keys(runs: list[Run]) -> list[str]:
 
 
 def value_order(value):
-    """Sort key for a setting's value: numbers by size, then strings, then the default."""
+    """Sort key for a setting's value: the default first, then numbers by size, then strings."""
     if value is None:
-        return (2, 0.0, "")
+        return (-1, 0.0, "")
     try:
         return (0, float(value), "")
     except (TypeError, ValueError):
@@ -263,9 +263,11 @@ def setting_of(key: tuple) -> tuple:
     return key[1:]
 
 
-def label(pairs, default: str = "") -> str:
-    """"key=value, ..." for (key, value) pairs; `default` when there are none."""
-    text = ", ".join(f"{k}={'default' if v is None else v}" for k, v in pairs)
+def label(pairs, default: str = "", short: bool = False) -> str:
+    """"key=value, ..." for (key, value) pairs; `default` when there are none. short: the last
+    part of each dotted key ("d_head=16" for model.d_head), for panel titles."""
+    text = ", ".join(f"{k.rsplit('.', 1)[-1] if short else k}={'default' if v is None else v}"
+                     for k, v in pairs)
     return text or default
 
 

@@ -298,7 +298,7 @@ def test_panels_per_scale_or_per_setting(ablation, lr_sweep):
     runs, _, _ = load_runs([lr_sweep])
     grid = plot_runs.panels(group_runs(runs))   # rows: d_head, columns: lr
     assert [[title for title, _ in row] for row in grid] == [
-        [f"model.d_head={d}, optim.lr={lr}" for lr in ("0.001", "0.01", "0.1")]
+        [f"d_head={d}, lr={lr}" for lr in ("0.001", "0.01", "0.1")]
         for d in (16, 64)]
     assert [k[0][1] for k, _ in grid[0][1][1]] == ["sqrt_dk", "none", "qk_norm"]
     assert [len(g) for _, g in grid[0][1][1]] == [3, 3, 3] and len(grid[1][1][1]) == 1
