@@ -22,12 +22,22 @@ DIAGNOSTICS = (  # eval-record field, column heading, how layers are combined
 )
 
 
-def cell(iv: Optional[st.Interval], digits: int = 4) -> str:
+def cell(iv: Optional[st.Interval], digits: Optional[int] = 4) -> str:
+    """"mean ± half" with `digits` decimals; digits None: 4 significant digits of the mean
+    (attention statistics span 1e-3 to 1e4)."""
     if iv is None:
         return "n/a"
+    if digits is None:
+        digits = significant_decimals(iv.mean)
     if iv.half is None:
         return f"{iv.mean:.{digits}f} (n=1)"
     return f"{iv.mean:.{digits}f} ± {iv.half:.{digits}f}"
+
+
+def significant_decimals(x: float, figures: int = 4) -> int:
+    if x == 0 or not math.isfinite(x):
+        return figures - 1
+    return max(0, figures - 1 - math.floor(math.log10(abs(x))))
 
 
 def cell_n(iv: Optional[st.Interval], digits: int = 4) -> str:
@@ -106,7 +116,7 @@ def diagnostics_table(groups: dict[tuple, list[Run]], pick: int, title: str) -> 
         cells = []
         for name, _, how in DIAGNOSTICS:
             values = [layer_value(e, name, how) for e in records]
-            cells.append(cell(st.mean_interval([v for v in values if v is not None]), 3)
+            cells.append(cell(st.mean_interval([v for v in values if v is not None]), None)
                          if any(v is not None for v in values) else "not recorded")
         lines.append(f"| {label(key)} | {len(runs)} | {'/'.join(steps)} | "
                      + " | ".join(cells) + " |")

@@ -110,7 +110,7 @@ def ablation(tmp_path):
     sweep = tmp_path / "multirun" / "scaling_ablation" / "2026-12-01_10-00-00"
     for (scaling, seed), full in FULL.items():
         make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"],
-                 curve(4.17, full + 0.05, 4, seed), full=full,
+                 curve(4.1701, full + 0.05, 4, seed), full=full,
                  variant_scale={"none": 8.0, "dk": 0.125}.get(scaling, 1.0))
     make_run(sweep, ["scaling=learned", "trainer.seed=1"], [4.17, 2.0, 1.9], full=1.9)
     make_run(sweep, ["scaling=learned", "trainer.seed=2"], [4.17, 2.0, 1.95])   # no full loss
@@ -173,15 +173,17 @@ def test_diagnostics_tables_give_scaled_and_raw_statistics(ablation, tmp_path):
     finals = np.array([FULL[("none", s)] + 0.05 for s in (1, 2, 3)])
     top = 10 ** N_LAYER   # raw max |q.k| of the last layer, per unit of val loss
 
-    def iv3(values):
+    def iv3(values, decimals):   # four significant digits of the mean
         v = np.asarray(values)
-        return f"{v.mean():.3f} ± {T975[3] * v.std(ddof=1) / math.sqrt(3):.3f}"
+        half = T975[3] * v.std(ddof=1) / math.sqrt(3)
+        return f"{v.mean():.{decimals}f} ± {half:.{decimals}f}"
 
     assert row[1:4] == ["3", "30", "1.050 ± 0.000"]
-    assert row[5] == iv3(finals * top * 8.0) and row[6] == iv3(finals * top)
-    assert row[7] == iv3(finals * np.mean(np.arange(1, N_LAYER + 1)))
+    assert row[4] == "0.005000 ± 0.000000"   # mean over layers of 0.00, 0.01
+    assert row[5] == iv3(finals * top * 8.0, 0) and row[6] == iv3(finals * top, 1)
+    assert row[7] == iv3(finals * np.mean(np.arange(1, N_LAYER + 1)), 3)
     first = table_row(text.split("### First evaluation")[1].split("###")[0], "scaling=dk")
-    assert first[2] == "0" and first[5] == "52.125 ± 0.000"   # 4.17 * 100 / 8
+    assert first[2] == "0" and first[5:7] == ["52.13 ± 0.00", "417.0 ± 0.0"]   # 4.17*100/8
 
 
 def test_runs_without_raw_statistics_say_not_recorded(tmp_path):
