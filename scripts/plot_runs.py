@@ -1,12 +1,14 @@
 """Figures and tables of the sweeps named on the command line.
 
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
-                                [--baseline sqrt_dk]
+                                [--baseline sqrt_dk] [--pair KEY=VALUE ...]
 
 SWEEP_DIR is one preset run (multirun/<preset>/<time>/, one folder per job) or a single run
 folder. Only the folders named are read: name several to pool sweeps on purpose. Writes:
 
-- DIR/results.md        the tables of scripts/report_tables.py (also printed)
+- DIR/results.md        the tables of scripts/report_tables.py (also printed): final losses,
+                        paired differences against the baseline scale (and against KEY=VALUE
+                        of each --pair), attention statistics, the LR analysis of an LR sweep
 - DIR/loss_curves.png   val loss vs step, one panel per setting (per scale when the sweep
                         varies only the scale)
 - DIR/loss_vs_baseline.png  the same, minus the baseline scale's loss at the same seed
@@ -40,6 +42,7 @@ from scripts.report_tables import DIAGNOSTICS, markdown_report  # noqa: E402
 from scripts.runs import (  # noqa: E402
     LR_KEY,
     VARIANT_ORDER,
+    canonical,
     eval_series,
     group_runs,
     label,
@@ -435,6 +438,26 @@ def join_points(axes, tables, settings, xs, numeric: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
+    """--pair KEY=VALUE items as (key, canonical value) pairs, or why one is unusable."""
+    values: dict[str, set] = {}
+    for key in groups:
+        for k, v in key[1:]:
+            values.setdefault(k, set()).add(v)
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in values:
+            return [], (f"{item!r}: give KEY=VALUE with a KEY these runs vary"
+                        f" ({', '.join(sorted(values)) or 'they vary only the scale'}).")
+        if canonical(value) not in values[key]:
+            shown = ", ".join("null" if v is None else v
+                              for v in sorted(values[key], key=value_order))
+            return [], f"{item!r}: {key} takes the values {shown} in these runs."
+        pairs.append((key, canonical(value)))
+    return pairs, ""
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep or run folders to read")
@@ -443,6 +466,9 @@ def main(argv=None) -> int:
                         help="final loss of the tables: full = final_val_loss_full (the whole"
                         " validation split, default), sampled = final_val_loss")
     parser.add_argument("--baseline", default="sqrt_dk", help="scale the others are paired with")
+    parser.add_argument("--pair", action="append", default=[], metavar="KEY=VALUE",
+                        help="also pair every group with the same setting at KEY=VALUE, e.g."
+                        " model.qk_init_std=null (repeatable)")
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.sweeps if not p.is_dir()]
     if missing:
@@ -458,6 +484,10 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     groups = group_runs(runs)
+    pairs, bad = parse_pairs(args.pair, groups)
+    if bad:
+        print(f"plot_runs: --pair {bad}", file=sys.stderr)
+        return 2
     lr_runs = [r for r in runs if math.isfinite(r.lr)] if LR_KEY in varying_keys(runs) else []
     curves, note = groups, ""
     if lr_runs:
@@ -473,7 +503,7 @@ def main(argv=None) -> int:
     if lr_runs:
         plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png")
     report = markdown_report(args.sweeps, runs, groups, skipped, notes, args.loss,
-                             args.baseline, lr_runs)
+                             args.baseline, lr_runs, pairs)
     (args.out / "results.md").write_text(report)
     print(report)
     return 0

@@ -11,7 +11,7 @@ import math
 from typing import Optional
 
 from scripts import report_stats as st
-from scripts.runs import LR_KEY, Run, group_runs, label, setting_of
+from scripts.runs import LR_KEY, VARIANT_KEY, Run, group_runs, label, setting_of
 
 DIAGNOSTICS = (  # eval-record field, column heading, how layers are combined
     ("attn_entropy", "entropy (nats)", "mean"),
@@ -75,22 +75,35 @@ def results_table(groups: dict[tuple, list[Run]], which: str) -> list[str]:
     return lines
 
 
-def paired_rows(values: dict[tuple, dict], baseline: str) -> list[tuple]:
-    """(setting, variant, difference interval) of each variant minus the baseline variant at
-    the same setting, paired by seed; values maps a group key to {seed: number}."""
-    base = {setting_of(k): v for k, v in values.items() if k[0][1] == baseline}
-    return [(setting_of(k), k[0][1], st.paired_difference(v, base[setting_of(k)]))
-            for k, v in values.items() if k[0][1] != baseline and setting_of(k) in base]
+def paired_rows(values: dict[tuple, dict], ref: tuple) -> list[tuple]:
+    """(setting, variant, difference interval) of each group minus its reference group, paired
+    by seed: the reference is the same key with ref = (config key, value) put in, e.g.
+    ("scaling", "sqrt_dk"). values maps a group key to {seed: number}."""
+    name, value = ref
+    rows = []
+    for key, seeds in values.items():
+        if dict(key).get(name, value) == value:
+            continue  # the reference itself, or a sweep that does not vary `name`
+        other = tuple((k, value if k == name else v) for k, v in key)
+        if other in values:
+            rows.append((setting_of(key), key[0][1],
+                         st.paired_difference(seeds, values[other])))
+    return rows
 
 
-def paired_table(values: dict[tuple, dict], baseline: str, what: str) -> list[str]:
-    rows = paired_rows(values, baseline)
+def ref_text(ref: tuple) -> str:
+    return ref[1] if ref[0] == VARIANT_KEY else label([ref])
+
+
+def paired_table(values: dict[tuple, dict], ref: tuple, what: str) -> list[str]:
+    rows = paired_rows(values, ref)
+    name = ref_text(ref)
     if not rows:
-        return [f"No paired comparison: no `{baseline}` runs at the settings of the others."]
-    lines = [f"| setting | variant | pairs | {what}: variant − {baseline} | reading |",
+        return [f"No paired comparison: no `{name}` runs at the settings of the others."]
+    lines = [f"| setting | variant | pairs | {what}: group − {name} | reading |",
              "|---|---|---:|---:|---|"]
     for setting, variant, diff in rows:
-        reading = st.verdict(diff, f"lower than {baseline}", f"higher than {baseline}")
+        reading = st.verdict(diff, f"lower than {name}", f"higher than {name}")
         lines.append(f"| {label(setting, 'all')} | {variant} | {diff.n if diff else 0}"
                      f" | {cell(diff)} | {reading} |")
     return lines
@@ -145,9 +158,9 @@ def lr_section(runs: list[Run], which: str, baseline: str) -> list[str]:
     sens_seed = {key: st.sensitivity_by_seed(table) for key, table in summaries.items()}
     lines += ["", "Loss at each variant's own best LR, paired by seed against "
               f"`{baseline}` at the same setting:", ""]
-    lines += paired_table(best_loss, baseline, "loss at best LR")
+    lines += paired_table(best_loss, (VARIANT_KEY, baseline), "loss at best LR")
     lines += ["", f"LR sensitivity, paired by seed against `{baseline}`:", ""]
-    lines += paired_table(sens_seed, baseline, "LR sensitivity")
+    lines += paired_table(sens_seed, (VARIANT_KEY, baseline), "LR sensitivity")
     lines += ["", "Mean clipped final loss per learning rate (a diverged run counts as its loss"
               " at init; `div` = runs diverged):", ""] + lr_grid(variants, summaries)
     return lines
@@ -168,9 +181,10 @@ def lr_grid(variants, summaries) -> list[str]:
 
 
 def markdown_report(roots, runs, groups, skipped, notes, which: str, baseline: str,
-                    lr_runs: Optional[list[Run]]) -> str:
-    """results.md: results, paired differences, attention statistics, LR analysis if the runs
-    vary optim.lr (lr_runs), then what was still running, skipped or odd."""
+                    lr_runs: Optional[list[Run]], pairs: tuple = ()) -> str:
+    """results.md: results, paired differences against the baseline scale and against each
+    (key, value) of pairs, attention statistics, LR analysis if the runs vary optim.lr
+    (lr_runs), then what was still running, skipped or odd."""
     field, name = st.LOSSES[which]
     lines = ["# Sweep results", "", "Sweeps read: " + ", ".join(f"`{r}`" for r in roots), "",
              f"Loss: {name} (`{field}` in summary.json), over the runs of a group that did not"
@@ -179,10 +193,11 @@ def markdown_report(roots, runs, groups, skipped, notes, which: str, baseline: s
              " Sampled losses come from the fixed evaluation batches.", ""]
     lines += results_table(groups, which)
     values = {key: st.by_seed(g, lambda r: st.final_loss(r, which)) for key, g in groups.items()}
-    lines += ["", f"## Paired differences against `{baseline}`", "",
-              f"Per seed, the variant's {name} minus `{baseline}`'s at the same setting and"
-              " seed; an ordering is read only where the 95% interval of the difference"
-              " excludes 0.", ""] + paired_table(values, baseline, name)
+    for ref in ((VARIANT_KEY, baseline), *pairs):
+        lines += ["", f"## Paired differences against `{ref_text(ref)}`", "",
+                  f"Per seed, a group's {name} minus that of the same setting and seed with"
+                  f" `{label([ref])}`; an ordering is read only where the 95% interval of the"
+                  " difference excludes 0.", ""] + paired_table(values, ref, name)
     lines += ["", "## Attention statistics", "",
               "Entropy, saturated-row fraction and raw variance: mean over layers; max logits:"
               " max over layers. Scaled = the logit softmax sees; raw = q.k before the scale.",

@@ -97,14 +97,7 @@ class Run:
         value = self.overrides.get(key)
         if value is None:
             value = _lookup(self.info, ("config", *key.split(".")))
-        if value is None or isinstance(value, (dict, list)):
-            return None
-        if isinstance(value, bool):
-            return str(value).lower()
-        try:
-            return format(float(value), ".10g")
-        except ValueError:
-            return None if value == "null" else str(value)
+        return canonical(value)
 
     @property
     def lr(self) -> float:
@@ -119,6 +112,19 @@ class Run:
             if is_seed_key(key):
                 return self.setting(key)
         return self.setting(SEED_KEY)
+
+
+def canonical(value) -> Optional[str]:
+    """A config value as a string that compares across spellings: numbers in one format
+    ("1e-3" == "0.001"), booleans lower-case, null (and non-scalars) as None."""
+    if value is None or value == "null" or isinstance(value, (dict, list)):
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    try:
+        return format(float(value), ".10g")
+    except ValueError:
+        return str(value)
 
 
 def _num(x) -> float:

@@ -332,3 +332,26 @@ def test_lr_left_at_default_groups_with_the_same_lr_set_explicitly(tmp_path):
     runs, _, _ = load_runs([sweep])
     table = st.lr_table(runs, "full")
     assert table == {0.01: {"1": 2.0, "2": 2.5}, 0.1: {"1": 3.0}}
+
+
+def test_pair_against_a_setting_of_another_key(tmp_path):
+    """init_scale's question: each scale at unit-variance init minus the same scale and seed
+    at the default init."""
+    sweep = tmp_path / "sweep"
+    loss = {("null", 1): 2.00, ("null", 2): 2.10, ("null", 3): 2.05,
+            ("0.0884", 1): 2.60, ("0.0884", 2): 2.75, ("0.0884", 3): 2.62}
+    for (init, seed), full in loss.items():
+        make_run(sweep, [f"model.qk_init_std={init}", "scaling=none", f"trainer.seed={seed}"],
+                 [4.0, 3.0, full], full=full)
+    out = tmp_path / "out"
+    proc = run_script(sweep, "--out", out, "--pair", "model.qk_init_std=null")
+    assert proc.returncode == 0, proc.stderr
+    part = (out / "results.md").read_text().split("against `model.qk_init_std=default`")[1]
+    row = table_row(part, "model.qk_init_std=0.0884", "none")
+    diffs = [loss[("0.0884", s)] - loss[("null", s)] for s in (1, 2, 3)]
+    assert row[2:] == ["3", interval(diffs), "higher than model.qk_init_std=default"]
+    for bad, why in (("model.qk_init_std=0.5", "takes the values null, 0.0884"),
+                     ("optim.lr=1e-3", "a KEY these runs vary (model.qk_init_std)"),
+                     ("model.qk_init_std", "give KEY=VALUE")):
+        proc = run_script(sweep, "--out", out, "--pair", bad)
+        assert proc.returncode == 2 and why in proc.stderr, proc.stderr
