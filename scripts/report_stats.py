@@ -202,15 +202,24 @@ def best_lr(table: dict[float, dict]) -> Optional[dict]:
     return {"lr": best, "loss": means[best], "tied": tied, "means": means}
 
 
+def complete_seeds(table: dict[float, dict]) -> list:
+    """The seeds that have a loss at every LR of the grid."""
+    if not table:
+        return []
+    return sorted(set.intersection(*(set(s) for s in table.values())), key=str)
+
+
+def grid_mean_by_seed(table: dict[float, dict]) -> dict:
+    """seed -> mean clipped loss over the LR grid, for the seeds complete over the grid."""
+    return {seed: statistics.fmean(table[lr][seed] for lr in table)
+            for seed in complete_seeds(table)}
+
+
 def sensitivity_by_seed(table: dict[float, dict]) -> dict:
-    """seed -> LR sensitivity (Wortsman et al. 2023): mean over the LR grid of the clipped loss
-    minus its minimum over the grid, for each seed that has a loss at every LR of the grid."""
-    seeds = set.intersection(*(set(s) for s in table.values())) if table else set()
-    out = {}
-    for seed in seeds:
-        losses = [table[lr][seed] for lr in table]
-        out[seed] = statistics.fmean(losses) - min(losses)
-    return out
+    """seed -> LR sensitivity (Wortsman et al. 2023): the mean over the LR grid of the clipped
+    loss minus its minimum over the grid, for the seeds complete over the grid."""
+    return {seed: grid_mean_by_seed(table)[seed] - min(table[lr][seed] for lr in table)
+            for seed in complete_seeds(table)}
 
 
 def loss_at_best_lr(table: dict[float, dict]) -> dict:

@@ -256,11 +256,13 @@ def test_lr_section_best_lr_sensitivity_and_pairs(lr_sweep, tmp_path):
     row = table_row(lr_part, "scaling=sqrt_dk, model.d_head=16")
     assert row[1:4] == ["3", "0.01", "none"]
     assert row[4] == f"{interval(clipped('sqrt_dk', 1e-2))} (n=3)"
-    assert row[5] == f"{interval(sens['sqrt_dk'])} (n=3)"
+    grid_mean = np.array([clipped("sqrt_dk", lr) for lr in LRS]).mean(axis=0)
+    assert row[5] == f"{interval(grid_mean)} (n=3)"
+    assert row[6] == f"{interval(sens['sqrt_dk'])} (n=3)"
     row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")
-    assert row[2:4] == ["0.1", "0.01"] and row[6] == "0"
+    assert row[2:4] == ["0.1", "0.01"] and row[7] == "0"
     row = table_row(lr_part, "scaling=none, model.d_head=16")
-    assert row[2] == "0.01" and row[6] == "1"
+    assert row[2] == "0.01" and row[7] == "1"
     sens_pairs = lr_part.split("LR sensitivity, paired")[1].split("Mean clipped")[0]
     pair = table_row(sens_pairs, "model.d_head=16", "none")
     assert pair[3] == interval(sens["none"] - sens["sqrt_dk"])

@@ -103,6 +103,9 @@ def test_lr_table_best_lr_and_sensitivity_by_hand():
     assert best["tied"] == []
     sens = st.sensitivity_by_seed(table)
     assert sens == pytest.approx({"1": 4 / 3, "2": 4 / 3})
+    assert st.grid_mean_by_seed(table) == pytest.approx({"1": 7 / 3, "2": 7.3 / 3})
+    table[1e-1].pop("2")   # seed 2 no longer covers the grid
+    assert list(st.sensitivity_by_seed(table)) == ["1"]
     assert st.loss_at_best_lr(table) == {"1": 1.0, "2": 1.1}
 
 
