@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from scripts.runs import Run
+from scripts.runs import LR_KEY, Run, group_runs
 
 LEVEL = 0.95
 LOSSES = {  # --loss choice -> (summary field, what the tables call it)
@@ -226,3 +226,13 @@ def loss_at_best_lr(table: dict[float, dict]) -> dict:
     """seed -> clipped loss at the LR of lowest mean loss ({} when there is none)."""
     best = best_lr(table)
     return dict(table[best["lr"]]) if best else {}
+
+
+def at_best_lr(lr_runs, which: str) -> dict:
+    """Group key without the LR -> the runs of that group at its own best LR."""
+    out = {}
+    for key, vruns in group_runs(lr_runs, drop=(LR_KEY,)).items():
+        best = best_lr(lr_table(vruns, which))
+        if best is not None:
+            out[key] = [r for r in vruns if r.lr == best["lr"]]
+    return out

@@ -246,9 +246,18 @@ def value_order(value):
         return (1, 0.0, str(value))
 
 
+def setting_order(pairs) -> list:
+    """Sort key for a setting, ((key, value), ...): by its values, in value_order."""
+    return [value_order(v) for _, v in pairs]
+
+
+def variant_rank(variant: str) -> int:
+    """Position in VARIANT_ORDER (unknown variants after the known ones)."""
+    return VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
+
+
 def variant_order(variant: str):
-    rank = VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
-    return (rank, variant)
+    return (variant_rank(variant), variant)
 
 
 def group_runs(runs: list[Run], drop: tuple = ()) -> dict[tuple, list[Run]]:

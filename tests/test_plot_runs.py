@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts import plot_runs
+from scripts import report_figures
 from scripts import report_stats as st
 from scripts.runs import load_runs
 
@@ -273,20 +273,20 @@ def test_lr_section_best_lr_sensitivity_and_pairs(lr_sweep, tmp_path):
 
 def test_lr_figures_show_each_scale_at_its_best_lr(lr_sweep):
     runs, _, _ = load_runs([lr_sweep])
-    best = plot_runs.at_best_lr(runs, "full")
+    best = st.at_best_lr(runs, "full")
     lrs = {key[0][1] + str(key[1:]): {r.lr for r in g} for key, g in best.items()}
     assert lrs["qk_norm" + str((("model.d_head", "16"),))] == {0.1}
     assert all(len(g) == 3 and len(v) == 1 for g, v in zip(best.values(), lrs.values()))
 
 
 def test_seeds_note_states_n_truthfully():
-    assert plot_runs.seeds_note({"a": [1]}) == "one seed per line (no interval)"
-    assert plot_runs.seeds_note({"a": [1, 2, 3]}).startswith("mean of n=3 seeds")
-    assert "n=1-3" in plot_runs.seeds_note({"a": [1], "b": [1, 2, 3]})
+    assert report_figures.seeds_note({"a": [1]}) == "one seed per line (no interval)"
+    assert report_figures.seeds_note({"a": [1, 2, 3]}).startswith("mean of n=3 seeds")
+    assert "n=1-3" in report_figures.seeds_note({"a": [1], "b": [1, 2, 3]})
 
 
 def test_band_is_the_t_interval_and_absent_for_one_seed():
-    steps, mean, half = plot_runs.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
+    steps, mean, half = report_figures.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
                                              ([0, 10, 20], [4.0, 2.4, 1.0])])
     assert list(steps) == [0, 10, 20] and mean[1] == pytest.approx(2.2)
     assert half[1] == pytest.approx(T975[3] * 0.2 / math.sqrt(3))
@@ -296,11 +296,11 @@ def test_band_is_the_t_interval_and_absent_for_one_seed():
 def test_panels_per_scale_or_per_setting(ablation, lr_sweep):
     from scripts.runs import group_runs
     runs, _, _ = load_runs([ablation])
-    grid = plot_runs.panels(group_runs(runs))   # scales only: a panel each, three a row
+    grid = report_figures.panels(group_runs(runs))   # scales only: a panel each, three a row
     assert [[title for title, _ in row] for row in grid] == [["sqrt_dk", "none", "dk"],
                                                              ["learned", "qk_norm"]]
     runs, _, _ = load_runs([lr_sweep])
-    grid = plot_runs.panels(group_runs(runs))   # rows: d_head, columns: lr
+    grid = report_figures.panels(group_runs(runs))   # rows: d_head, columns: lr
     assert [[title for title, _ in row] for row in grid] == [
         [f"d_head={d}, lr={lr}" for lr in ("0.001", "0.01", "0.1")]
         for d in (16, 64)]
@@ -316,7 +316,7 @@ def test_sampled_loss_on_request_and_bad_input(tmp_path):
     assert proc.returncode == 0, proc.stderr
     row = table_row((out / "results.md").read_text(), "scaling=dk")
     assert row[1:4] == ["1", "1.5000 (n=1)", "1.5000 (n=1)"]
-    assert "one seed per line" in plot_runs.seeds_note({"k": [1]})
+    assert "one seed per line" in report_figures.seeds_note({"k": [1]})
     assert run_script(tmp_path / "nope", "--out", out).returncode == 2
     (tmp_path / "empty").mkdir()
     proc = run_script(tmp_path / "empty", "--out", out)
