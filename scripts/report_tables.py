@@ -51,8 +51,9 @@ def loss_cell(runs: list[Run], which: str) -> str:
     values = [st.final_loss(r, which) for r in ok]
     missing = sum(v is None for v in values)
     if missing:
-        field = st.LOSSES[which][0]
-        return f"missing: {missing} of {len(ok)} runs lack {field}"
+        running = sum(r.partial for r in ok)
+        return (f"missing: {missing} of {len(ok)} runs lack {st.LOSSES[which][0]}"
+                + (f" ({running} still running)" if running else ""))
     iv = st.mean_interval(values)
     return "n/a (all diverged)" if iv is None else cell_n(iv)
 

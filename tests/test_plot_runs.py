@@ -138,7 +138,8 @@ def test_results_table_gives_intervals_n_and_says_when_the_whole_split_loss_is_m
     assert learned[2] == "missing: 1 of 2 runs lack final_val_loss_full"
     assert learned[5] == "1"                                         # diverged
     qk = table_row(text, "scaling=qk_norm")
-    assert qk[2] == "missing: 1 of 1 runs lack final_val_loss_full" and qk[6] == "1"
+    assert qk[2] == "missing: 1 of 1 runs lack final_val_loss_full (1 still running)"
+    assert qk[6] == "1"
     assert "whole-split final val loss" in text.splitlines()[6]
     skipped = text.split("## Skipped")[1]
     assert "scaling=constant,trainer.seed=1: no metrics.jsonl" in skipped
