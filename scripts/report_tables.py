@@ -62,8 +62,8 @@ def results_table(groups: dict[tuple, list[Run]], which: str) -> list[str]:
     name = st.LOSSES[which][1]
     extra = which != "sampled"
     head = f"| group | runs | {name} |" + (" sampled final val loss |" if extra else "")
-    lines = [head + " best sampled val loss | diverged | still running | tokens/s |",
-             "|---|---:|---:|" + ("---:|" if extra else "") + "---:|---:|---:|---:|"]
+    lines = [head + " best sampled val loss | diverged | still running | tokens/s | steps |",
+             "|---|---:|---:|" + ("---:|" if extra else "") + "---:|---:|---:|---:|---:|"]
     for key, runs in groups.items():
         ok = [r for r in runs if not r.diverged]
         rates = [r.tokens_per_sec for r in runs]
@@ -72,8 +72,15 @@ def results_table(groups: dict[tuple, list[Run]], which: str) -> list[str]:
             + (f" {loss_cell(runs, 'sampled')} |" if extra else "")
             + f" {cell(st.mean_interval([r.best_val_loss for r in ok]))}"
             f" | {sum(r.diverged for r in runs)} | {sum(r.partial for r in runs)}"
-            f" | {cell(st.mean_interval(rates), 0)} |")
+            f" | {cell(st.mean_interval(rates), 0)} | {steps_cell(runs)} |")
     return lines
+
+
+def steps_cell(runs: list[Run]) -> str:
+    """The horizon: the steps the runs ran (summary.json), or reached so far (last eval)."""
+    steps = sorted({int(r.summary_value("steps") if r.summary_value("steps") is not None
+                        else r.evals[-1].get("step", 0)) for r in runs})
+    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
 
 
 def paired_rows(values: dict[tuple, dict], ref: tuple) -> list[tuple]:

@@ -139,7 +139,8 @@ def test_results_table_gives_intervals_n_and_says_when_the_whole_split_loss_is_m
     assert learned[5] == "1"                                         # diverged
     qk = table_row(text, "scaling=qk_norm")
     assert qk[2] == "missing: 1 of 1 runs lack final_val_loss_full (1 still running)"
-    assert qk[6] == "1"
+    assert qk[6] == "1" and qk[8] == "10"   # still running: at its last eval
+    assert sq[8] == "30" and learned[8] == "20"   # the horizon: summary.json steps
     assert "whole-split final val loss" in text.splitlines()[6]
     skipped = text.split("## Skipped")[1]
     assert "scaling=constant,trainer.seed=1: no metrics.jsonl" in skipped
