@@ -23,7 +23,7 @@ from scripts.runs import eval_series, label, record_series, setting_of, setting_
 STYLES = {"sqrt_dk": ("C0", "-", "o"), "none": ("C1", "--", "s"), "dk": ("C2", "-.", "^"),
           "constant": ("C3", ":", "D"), "learned": ("C4", (0, (6, 2)), "v"),
           "qk_norm": ("C5", (0, (3, 1, 1, 1, 1, 1)), "P")}
-ZOOM_FROM = 0.3  # loss panels show steps from this fraction of the run in full
+ZOOM_FROM = 0.3  # loss panels show in full the steps past this fraction of the run
 LOG_FIELDS = {"attn_max_logit", "attn_raw_max_logit", "attn_raw_var"}
 
 
@@ -34,33 +34,37 @@ def style(variant: str) -> dict:
     return {"color": color, "ls": ls, "marker": marker, "markevery": every, "ms": 4, "lw": 1.4}
 
 
-def aggregate(series: list[tuple[list, list]]):
-    """Seeds' (steps, values) -> steps, mean, band half-width (NaN where n < 2)."""
+def aggregate(series: list[tuple[list, list]], log: bool = False):
+    """Seeds' (steps, values) -> steps, mean, band low, band high (NaN where n < 2). log: for
+    positive quantities drawn on a log axis, the geometric mean and the interval of the mean
+    log value, so that the band stays positive."""
     steps = sorted({s for xs, _ in series for s in xs})
     index = {s: i for i, s in enumerate(steps)}
     grid = np.full((len(series), len(steps)), np.nan)  # (runs, steps)
     for row, (xs, ys) in enumerate(series):
         for x, y in zip(xs, ys):
-            grid[row, index[x]] = y if math.isfinite(y) else np.nan
+            if math.isfinite(y) and (y > 0 or not log):
+                grid[row, index[x]] = math.log(y) if log else y
     keep = ~np.all(np.isnan(grid), axis=0)
     if not keep.any():
         return None
     grid, steps = grid[:, keep], np.array(steps)[keep]
-    n = np.sum(~np.isnan(grid), axis=0)
     mean = np.nanmean(grid, axis=0)
     half = np.full(len(steps), np.nan)
-    for i in np.flatnonzero(n >= 2):
-        iv = st.mean_interval(list(grid[:, i][~np.isnan(grid[:, i])]))
-        half[i] = iv.half
-    return steps, mean, half
+    for i in range(len(steps)):
+        column = grid[:, i][~np.isnan(grid[:, i])]
+        if len(column) >= 2:
+            half[i] = st.mean_interval(list(column)).half
+    lo, hi = mean - half, mean + half
+    return (steps, *(np.exp([mean, lo, hi]) if log else (mean, lo, hi)))
 
 
 def draw(ax, agg, variant: str, text: str) -> None:
-    steps, mean, half = agg
+    steps, mean, lo, hi = agg
     s = style(variant)
     ax.plot(steps, mean, label=text, **s)
-    if np.isfinite(half).any():
-        ax.fill_between(steps, mean - half, mean + half, color=s["color"], alpha=0.18, lw=0)
+    if np.isfinite(lo).any():
+        ax.fill_between(steps, lo, hi, color=s["color"], alpha=0.18, lw=0)
 
 
 def seeds_note(groups: dict) -> str:
@@ -138,17 +142,17 @@ def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
 
 
 def zoom_losses(ax, groups, series_of) -> None:
-    """Shared y-range over the last ZOOM_FROM of the run: the early drop from the loss at init
-    runs off the top, so that the differences late in training show."""
+    """Shared y-range over the steps past the first ZOOM_FROM of the run: the early drop from
+    the loss at init runs off the top, so that the differences late in training show."""
     lows, highs = [], []
     for runs in groups.values():
         agg = aggregate([series_of(r) for r in runs])
         if agg is None:
             continue
-        steps, mean, half = agg
+        steps, mean, lo, _ = agg
         late = np.isfinite(mean) & (steps >= ZOOM_FROM * steps.max()) & (steps > 0)
         if late.any():
-            lows.append(np.nanmin((mean - np.nan_to_num(half))[late]))
+            lows.append(np.nanmin(np.where(np.isfinite(lo), lo, mean)[late]))
             highs.append(np.nanmax(mean[late]))
     if lows:
         pad = 0.05 * (max(highs) - min(lows) or 1.0)
@@ -213,8 +217,8 @@ def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = (
         for j, setting in enumerate(settings):
             ax = axes[i][j]
             for key, runs in groups.items():
-                agg = aggregate([series_of(r) for r in runs]) if setting_of(key) == setting \
-                    else None
+                agg = aggregate([series_of(r) for r in runs], log) \
+                    if setting_of(key) == setting else None
                 if agg is not None:
                     v = key[0][1]
                     draw(ax, agg, v, f"{v} (n={len(runs)})" if mixed_n else v)
@@ -223,6 +227,7 @@ def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = (
                         transform=ax.transAxes, fontsize=8, color="0.4")
             elif log:
                 ax.set_yscale("log")
+                fit_to_lines(ax)
             ax.grid(alpha=0.3)
             if i == 0 and setting:
                 ax.set_title(label(setting, short=True), fontsize=9)
@@ -233,9 +238,19 @@ def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = (
     for ax in axes[-1]:
         ax.set_xlabel("step")
     legend(fig, axes)
-    fig.suptitle(f"{title}\n{seeds_note(groups)}", fontsize=10)
+    geometric = "; log rows: geometric mean" if any(row[3] for row in rows) else ""
+    fig.suptitle(f"{title}\n{seeds_note(groups)}{geometric}", fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def fit_to_lines(ax, factor: float = 4.0) -> None:
+    """A log panel's y-range: the lines' range widened by `factor` each way. A band of two
+    seeds (t = 12.7) can span decades; it runs off the panel instead of flattening the lines."""
+    values = np.concatenate([line.get_ydata() for line in ax.lines])
+    values = values[np.isfinite(values) & (values > 0)]
+    if values.size:
+        ax.set_ylim(values.min() / factor, values.max() * factor)
 
 
 def share_y(row_axes) -> None:

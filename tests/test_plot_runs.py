@@ -288,11 +288,21 @@ def test_seeds_note_states_n_truthfully():
 
 
 def test_band_is_the_t_interval_and_absent_for_one_seed():
-    steps, mean, half = report_figures.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
-                                             ([0, 10, 20], [4.0, 2.4, 1.0])])
+    steps, mean, lo, hi = report_figures.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
+                                                    ([0, 10, 20], [4.0, 2.4, 1.0])])
     assert list(steps) == [0, 10, 20] and mean[1] == pytest.approx(2.2)
-    assert half[1] == pytest.approx(T975[3] * 0.2 / math.sqrt(3))
-    assert half[0] == 0.0 and math.isnan(half[2])   # one seed at step 20: no band
+    half = T975[3] * 0.2 / math.sqrt(3)
+    assert (lo[1], hi[1]) == pytest.approx((2.2 - half, 2.2 + half))
+    assert lo[0] == hi[0] == 4.0 and math.isnan(lo[2])   # one seed at step 20: no band
+
+
+def test_log_band_is_geometric_and_stays_positive():
+    """Gradient norms 1e-3 and 1e-1: the arithmetic t band would reach far below 0."""
+    steps, mean, lo, hi = report_figures.aggregate([([5], [1e-3]), ([5], [1e-1])], log=True)
+    half = T975[2] * math.log(100) / 2   # s = ln(100) / sqrt(2), s / sqrt(n) = ln(100) / 2
+    assert mean[0] == pytest.approx(1e-2)
+    assert (lo[0], hi[0]) == pytest.approx((1e-2 * math.exp(-half), 1e-2 * math.exp(half)))
+    assert lo[0] > 0
 
 
 def test_panels_per_scale_or_per_setting(ablation, lr_sweep):
