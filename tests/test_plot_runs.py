@@ -1,8 +1,9 @@
-"""scripts/plot_runs.py on small fake Hydra sweeps made here: files exist, numbers match inputs."""
+"""scripts/plot_runs.py on small fake sweeps made here: files exist, table numbers match the
+inputs and the statistics of scripts/report_stats.py, only the folders named are read."""
 
 import json
 import math
-import re
+import random
 import shutil
 import subprocess
 import sys
@@ -11,222 +12,360 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts import plot_runs
+from scripts import report_figures
+from scripts import report_stats as st
+from scripts.runs import load_runs
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 65
 N_LAYER = 2
+T975 = {2: 12.7062047, 3: 4.3026527}   # Student t 0.975 quantiles, df 1 and 2 (n = 2, 3)
 
 
-def make_run(sweep: Path, overrides: list[str], val: list[float], *, diverged=False,
-             finished=True, metrics="ok", eval_at_0=True, tokens_per_sec=1000.0, config=None):
-    """A Hydra job folder; val holds the val loss of each eval (steps 0, 10, 20, ...)."""
+def curve(init: float, final: float, n: int, seed: int = 0) -> list[float]:
+    """n eval losses from init down to final, with a little seeded noise in between."""
+    rng = random.Random(seed)
+    middle = [final + (init - final) * math.exp(-4 * i / (n - 1)) + rng.uniform(-0.02, 0.02)
+              for i in range(1, n - 1)]
+    return [init, *middle, final]
+
+
+def make_run(sweep: Path, overrides: list[str], val: list[float], *, step=10, full=None,
+             diverged=False, finished=True, metrics="ok", eval_at_0=True, tokens_per_sec=1000.0,
+             config=None, variant_scale=1.0, raw=True):
+    """A Hydra job folder as train.py writes it; val[i] is the val loss of the eval at step
+    i * step. Per layer k: entropy 1 + 0.1 k, saturated 0.01 k, raw max |q.k| = val * 10**(k+1),
+    scaled max logit = raw * variant_scale, raw Var(q.k)/d_head = val * (k + 1)."""
     run = sweep / ",".join(overrides)
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     scaling = next(o.split("=")[1] for o in overrides if o.startswith("scaling="))
-    (run / "run.json").write_text(json.dumps(  # the layout train.py writes
+    (run / "run.json").write_text(json.dumps(
         {"config": {"scaling": {"name": scaling}, **(config or {})},
          "model_config": {"vocab_size": VOCAB}, "overrides": overrides}))
     if metrics == "missing":
         return run
     lines = []
     for i, v in enumerate(val):
-        step = 10 * i
-        if step == 0 and not eval_at_0:
+        if i == 0 and not eval_at_0:
             continue
-        lines.append({"kind": "train", "step": step, "loss": v + 0.1, "lr": 1e-3,
-                      "tokens_per_sec": tokens_per_sec, "grad_norm": 1.0})
-        lines.append({"kind": "eval", "step": step, "train_loss": v - 0.05, "val_loss": v,
-                      "val_bpb": v / math.log(2), "lr": 1e-3, "tokens_per_sec": tokens_per_sec,
-                      "attn_entropy": [1.0 + 0.1 * k for k in range(N_LAYER)],
-                      "attn_max_logit": [v * 10 ** (k + 1) for k in range(N_LAYER)],
-                      "attn_saturated": [0.01 * k for k in range(N_LAYER)]})
-    text = "".join(json.dumps(r) + "\n" for r in lines) if metrics == "ok" else ""
-    (run / "metrics.jsonl").write_text(text)
+        lines.append({"kind": "train", "step": i * step, "loss": v + 0.1, "lr": 1e-3,
+                      "tokens_per_sec": tokens_per_sec, "grad_norm": 1.0,
+                      "q_grad_norm": 0.1 * v, "k_grad_norm": 0.2 * v,
+                      "q_grad_norm_layers": [0.1 * v] * N_LAYER,
+                      "k_grad_norm_layers": [0.2 * v] * N_LAYER})
+        rawmax = [v * 10 ** (k + 1) for k in range(N_LAYER)]
+        record = {"kind": "eval", "step": i * step, "train_loss": v - 0.05, "val_loss": v,
+                  "val_bpb": v / math.log(2), "lr": 1e-3, "tokens_per_sec": tokens_per_sec,
+                  "attn_entropy": [1.0 + 0.1 * k for k in range(N_LAYER)],
+                  "attn_max_logit": [m * variant_scale for m in rawmax],
+                  "attn_saturated": [0.01 * k for k in range(N_LAYER)]}
+        if raw:
+            record.update(attn_raw_max_logit=rawmax,
+                          attn_raw_var=[v * (k + 1) for k in range(N_LAYER)])
+        lines.append(record)
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lines) if metrics == "ok" else "")
     if finished:
         finite = [v for v in val if math.isfinite(v)]
-        (run / "summary.json").write_text(json.dumps(
-            {"final_val_loss": val[-1], "best_val_loss": min(finite), "steps": 10 * len(val),
-             "init_val_loss": val[0] if eval_at_0 else None,
-             "tokens_per_sec": tokens_per_sec, "n_params": 1234, "diverged": diverged,
-             "wall_s": 1.0}))
+        summary = {"final_val_loss": val[-1], "best_val_loss": min(finite),
+                   "steps": step * (len(val) - 1), "tokens_per_sec": tokens_per_sec,
+                   "init_val_loss": val[0] if eval_at_0 else None, "diverged": diverged,
+                   "n_params": 1234, "wall_s": 1.0}
+        if full is not None:
+            summary.update(final_val_loss_full=full, final_val_bpb_full=full / math.log(2))
+        (run / "summary.json").write_text(json.dumps(summary))
     return run
 
 
-def table_row(text: str, label: str) -> list[str]:
+def table_row(text: str, first: str, second: str = None) -> list[str]:
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells and cells[0] == label:
+        if cells[0] == first and (second is None or cells[1] == second):
             return cells
-    raise AssertionError(f"no row {label!r} in\n{text}")
+    raise AssertionError(f"no row {first!r} {second or ''} in\n{text}")
 
 
-def fmt(values, digits=4):
-    values = np.asarray(values, dtype=float)
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
+def interval(values) -> str:
+    """Hand-computed "mean ± t * s / sqrt(n)" for 2 or 3 values."""
+    v = np.asarray(values, dtype=float)
+    half = T975[len(v)] * v.std(ddof=1) / math.sqrt(len(v))
+    return f"{v.mean():.4f} ± {half:.4f}"
 
 
 def run_script(*args):
     return subprocess.run([sys.executable, "scripts/plot_runs.py", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
+
+
+FULL = {("sqrt_dk", 1): 1.90, ("sqrt_dk", 2): 1.95, ("sqrt_dk", 3): 1.93,
+        ("none", 1): 1.80, ("none", 2): 1.86, ("none", 3): 1.82,   # lower at every seed
+        ("dk", 1): 1.91, ("dk", 2): 1.90, ("dk", 3): 1.98}          # mixed: not resolved
 
 
 @pytest.fixture
 def ablation(tmp_path):
-    """scaling x seed sweep: one diverged run, one still running, one missing, one empty."""
-    sweep = tmp_path / "multirun" / "2026-11-29" / "13-00-00"
-    vals = {("sqrt_dk", 0): [4.17, 1.95, 2.0], ("sqrt_dk", 1): [4.17, 2.6, 2.1],
-            ("sqrt_dk", 2): [4.17, 1.7, 1.9],
-            ("none", 0): [4.17, 3.0, 2.8], ("none", 1): [4.17, 2.7, 2.9]}
-    rates = {0: 1000.0, 1: 1100.0, 2: 1300.0}
-    for (scaling, seed), v in vals.items():
-        make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"], v,
-                 tokens_per_sec=rates[seed], finished=(scaling, seed) != ("sqrt_dk", 2))
-    running = sweep / "scaling=sqrt_dk,trainer.seed=2" / "metrics.jsonl"
-    running.write_text(running.read_text() + '{"kind": "train", "st')  # caught mid-write
-    # diverged, flagged by the summary although its last loss is still finite
-    make_run(sweep, ["scaling=none", "trainer.seed=2"], [4.17, 9.0, 12.0], diverged=True)
-    make_run(sweep, ["scaling=dk", "trainer.seed=0"], [4.17, 2.0], metrics="missing")
-    make_run(sweep, ["scaling=dk", "trainer.seed=1"], [4.17, 2.0], metrics="empty")
-    return tmp_path / "multirun", vals, rates
+    """scale x seed: a partial run, a diverged one, one without the whole-split loss, a run
+    without metrics and one with an empty metrics file."""
+    sweep = tmp_path / "multirun" / "scaling_ablation" / "2026-12-01_10-00-00"
+    for (scaling, seed), full in FULL.items():
+        make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"],
+                 curve(4.1701, full + 0.05, 4, seed), full=full,
+                 variant_scale={"none": 8.0, "dk": 0.125}.get(scaling, 1.0))
+    make_run(sweep, ["scaling=learned", "trainer.seed=1"], [4.17, 2.0, 1.9], full=1.9)
+    make_run(sweep, ["scaling=learned", "trainer.seed=2"], [4.17, 2.0, 1.95])   # no full loss
+    make_run(sweep, ["scaling=learned", "trainer.seed=3"], [4.17, 9.0, 12.0], diverged=True)
+    running = make_run(sweep, ["scaling=qk_norm", "trainer.seed=1"], [4.17, 2.2], finished=False)
+    metrics = running / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"kind": "train", "st')   # caught mid-write
+    make_run(sweep, ["scaling=constant", "trainer.seed=1"], [4.17, 2.0], metrics="missing")
+    make_run(sweep, ["scaling=constant", "trainer.seed=2"], [4.17, 2.0], metrics="empty")
+    return sweep
 
 
-def test_ablation_table_matches_inputs(ablation, tmp_path):
-    root, vals, rates = ablation
+def test_results_table_gives_intervals_n_and_says_when_the_whole_split_loss_is_missing(
+        ablation, tmp_path):
     out = tmp_path / "out"
-    proc = run_script(root, "--out", out)
+    proc = run_script(ablation, "--out", out)
     assert proc.returncode == 0, proc.stderr
-    for name in ("loss_curves.png", "diagnostics.png", "results.md"):
-        assert (out / name).stat().st_size > 0
-    assert not (out / "lr_sensitivity.png").exists()  # no LR axis in this sweep
     text = (out / "results.md").read_text()
     assert text in proc.stdout
-
     sq = table_row(text, "scaling=sqrt_dk")
-    assert sq[1] == "3"
-    assert sq[2] == fmt([vals[("sqrt_dk", s)][-1] for s in range(3)])  # partial: last eval
-    assert sq[3] == fmt([min(vals[("sqrt_dk", s)]) for s in range(3)])
-    assert sq[4:6] == ["0", "1"]
-    # tokens/s: summary's for finished runs, the median of train records for the running one
-    assert sq[6] == fmt(list(rates.values()), 0)
-
-    no = table_row(text, "scaling=none")
-    assert no[1] == "3"
-    assert no[2] == fmt([2.8, 2.9]) and no[3] == fmt([2.8, 2.7])  # the diverged run left out
-    assert no[4:6] == ["1", "0"]
-
+    full = [FULL[("sqrt_dk", s)] for s in (1, 2, 3)]
+    assert sq[1] == "3" and sq[2] == f"{interval(full)} (n=3)"
+    assert sq[3] == f"{interval([f + 0.05 for f in full])} (n=3)"   # sampled, labelled so
+    learned = table_row(text, "scaling=learned")
+    assert learned[2] == "missing: 1 of 2 runs lack final_val_loss_full"
+    assert learned[5] == "1"                                         # diverged
+    qk = table_row(text, "scaling=qk_norm")
+    assert qk[2] == "missing: 1 of 1 runs lack final_val_loss_full (1 still running)"
+    assert qk[6] == "1" and qk[8] == "10"   # still running: at its last eval
+    assert sq[8] == "30" and learned[8] == "20"   # the horizon: summary.json steps
+    assert "whole-split final val loss" in text.splitlines()[6]
     skipped = text.split("## Skipped")[1]
-    assert "scaling=dk,trainer.seed=0: no metrics.jsonl" in skipped
-    assert "scaling=dk,trainer.seed=1: empty metrics.jsonl" in skipped
-    assert "scaling=dk" not in text.split("## Skipped")[0].split("## Still running")[0]
-    assert "skipped" in proc.stderr and "no metrics.jsonl" in proc.stderr
-    assert "scaling=sqrt_dk,trainer.seed=2" in text.split("## Still running")[1]
+    assert "scaling=constant,trainer.seed=1: no metrics.jsonl" in skipped
+    assert "scaling=constant,trainer.seed=2: empty metrics.jsonl" in skipped
     assert "ignored 1 unreadable line(s)" in text.split("## Notes")[1]
+    for name in ("loss_curves.png", "diagnostics.png", "qk_grad_norms.png"):
+        assert (out / name).stat().st_size > 0
+    assert not (out / "lr_transfer.png").exists()   # no LR axis in this sweep
 
 
-def test_diagnostics_table_matches_inputs(ablation, tmp_path):
-    root, vals, _ = ablation
+def test_paired_table_claims_an_order_only_when_the_interval_excludes_zero(ablation, tmp_path):
     out = tmp_path / "out"
-    assert run_script(root, "--out", out).returncode == 0
-    text = (out / "results.md").read_text().split("## Attention diagnostics")[1]
-    entropy = f"{np.mean([1.0 + 0.1 * k for k in range(N_LAYER)]):.3f}"
-    saturated = f"{np.mean([0.01 * k for k in range(N_LAYER)]):.3f}"
-    top = 10 ** N_LAYER   # make_run's max logit of the last layer is val * 10**N_LAYER
-    sq = table_row(text, "scaling=sqrt_dk")
-    assert sq[1:5] == ["0", entropy, saturated, f"{4.17 * top:.4g}"]
-    last = np.mean([vals[("sqrt_dk", s)][-1] for s in range(3)])   # the partial run included
-    assert sq[5:9] == ["20", entropy, saturated, f"{last * top:.4g}"]
-    no = table_row(text, "scaling=none")   # the diverged run included: its logits are data
-    assert no[8] == f"{np.mean([2.8, 2.9, 12.0]) * top:.4g}"
+    assert run_script(ablation, "--out", out).returncode == 0
+    paired = (out / "results.md").read_text().split("## Paired differences")[1]
+    paired = paired.split("## Attention")[0]
+    none = table_row(paired, "all", "none")
+    diffs = [FULL[("none", s)] - FULL[("sqrt_dk", s)] for s in (1, 2, 3)]
+    assert none[2:] == ["3", interval(diffs), "lower than sqrt_dk"]
+    dk = table_row(paired, "all", "dk")
+    assert dk[3] == interval([FULL[("dk", s)] - FULL[("sqrt_dk", s)] for s in (1, 2, 3)])
+    assert dk[4] == "not resolved (interval contains 0)"
+    learned = table_row(paired, "all", "learned")   # seed 1 only has a whole-split loss
+    assert learned[2] == "1" and learned[4] == "not resolved (n=1)"
+
+
+def test_diagnostics_tables_give_scaled_and_raw_statistics(ablation, tmp_path):
+    out = tmp_path / "out"
+    assert run_script(ablation, "--out", out).returncode == 0
+    text = (out / "results.md").read_text()
+    last = text.split("### Last evaluation")[1]
+    row = table_row(last, "scaling=none")
+    finals = np.array([FULL[("none", s)] + 0.05 for s in (1, 2, 3)])
+    top = 10 ** N_LAYER   # raw max |q.k| of the last layer, per unit of val loss
+
+    def iv3(values, decimals):   # four significant digits of the mean
+        v = np.asarray(values)
+        half = T975[3] * v.std(ddof=1) / math.sqrt(3)
+        return f"{v.mean():.{decimals}f} ± {half:.{decimals}f}"
+
+    assert row[1:4] == ["3", "30", "1.050 ± 0.000"]
+    assert row[4] == "0.005000 ± 0.000000"   # mean over layers of 0.00, 0.01
+    assert row[5] == iv3(finals * top * 8.0, 0) and row[6] == iv3(finals * top, 1)
+    assert row[7] == iv3(finals * np.mean(np.arange(1, N_LAYER + 1)), 3)
+    first = table_row(text.split("### First evaluation")[1].split("###")[0], "scaling=dk")
+    assert first[2] == "0" and first[5:7] == ["52.13 ± 0.00", "417.0 ± 0.0"]   # 4.17*100/8
+
+
+def test_runs_without_raw_statistics_say_not_recorded(tmp_path):
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        make_run(sweep, ["scaling=dk", f"trainer.seed={seed}"], [4.0, 2.0], full=2.0, raw=False)
+    out = tmp_path / "out"
+    assert run_script(sweep, "--out", out).returncode == 0
+    row = table_row((out / "results.md").read_text().split("### Last")[1], "scaling=dk")
+    assert row[6:8] == ["not recorded", "not recorded"]
+
+
+def test_only_the_named_sweep_is_read(tmp_path):
+    preset = tmp_path / "multirun" / "head_width"
+    for time, loss in (("2026-11-01_10-00-00", 3.0), ("2026-12-01_10-00-00", 2.0)):
+        for seed in (1, 2):
+            make_run(preset / time, ["scaling=dk", f"trainer.seed={seed}"], [4.0, loss],
+                     full=loss + 0.01 * seed)
+    out = tmp_path / "out"
+    assert run_script(preset / "2026-12-01_10-00-00", "--out", out).returncode == 0
+    row = table_row((out / "results.md").read_text(), "scaling=dk")
+    assert row[1] == "2" and row[2] == f"{interval([2.01, 2.02])} (n=2)"
+    both = run_script(*sorted(preset.iterdir()), "--out", out)   # pooling, when asked
+    assert table_row(both.stdout, "scaling=dk")[1] == "4"
+
+
+LRS = (1e-3, 1e-2, 1e-1)
+LR_FULL = {  # (scaling, lr) -> whole-split loss of seeds 1, 2, 3 (None: diverged)
+    ("sqrt_dk", 1e-3): [2.30, 2.32, 2.31], ("sqrt_dk", 1e-2): [2.00, 2.05, 2.01],
+    ("sqrt_dk", 1e-1): [2.60, 2.50, 2.70],
+    ("qk_norm", 1e-3): [2.40, 2.41, 2.45], ("qk_norm", 1e-2): [2.10, 2.02, 2.04],
+    ("qk_norm", 1e-1): [2.05, 2.00, 2.06],   # best at 0.1, 0.01 not resolved from it
+    ("none", 1e-3): [2.20, 2.21, 2.19], ("none", 1e-2): [2.10, 2.12, 2.08],
+    ("none", 1e-1): [None, 5.0, 2.9],        # seed 1 diverged, seed 2 above the init loss
+}
+INIT = 4.0
 
 
 @pytest.fixture
 def lr_sweep(tmp_path):
-    """scaling x lr x seed; loss_at_init from step 0 for qk_norm, from ln(vocab) for none."""
-    sweep = tmp_path / "multirun" / "2026-11-29" / "14-00-00"
-    lrs = (1e-3, 1e-2, 1e-1)
-    final = {("none", 1e-3): [2.0, 2.2], ("none", 1e-2): [1.8, 1.9],
-             ("none", 1e-1): [None, 4.5],  # seed 0 diverged; seed 1 above ln(65) = 4.17
-             ("qk_norm", 1e-3): [2.1, 2.0], ("qk_norm", 1e-2): [1.6, 1.7],
-             ("qk_norm", 1e-1): [1.9, 2.3]}
-    init = {"none": math.log(VOCAB), "qk_norm": 4.0}
-    for (scaling, lr), losses in final.items():
-        for seed, loss in enumerate(losses):
-            ov = [f"scaling={scaling}", f"optim.lr={lr}", f"trainer.seed={seed}"]
+    sweep = tmp_path / "multirun" / "lr_transfer" / "t"
+    for (scaling, lr), losses in LR_FULL.items():
+        for seed, loss in enumerate(losses, start=1):
+            ov = ["model.d_head=16", f"optim.lr={lr}", f"scaling={scaling}",
+                  f"trainer.seed={seed}"]
             if loss is None:
-                make_run(sweep, ov, [4.0, 30.0, math.inf], diverged=True, eval_at_0=False)
+                make_run(sweep, ov, [INIT, 30.0, math.inf], diverged=True)
             else:
-                make_run(sweep, ov, [init[scaling], 3.0, loss], eval_at_0=scaling == "qk_norm")
-    return tmp_path / "multirun", lrs, final, init
+                make_run(sweep, ov, [INIT, 3.0, loss + 0.1], full=loss)
+    for seed in (1, 2, 3):   # a second head width, one scale, so settings differ
+        make_run(sweep, ["model.d_head=64", "optim.lr=0.01", "scaling=sqrt_dk",
+                         f"trainer.seed={seed}"], [INIT, 3.0, 2.2], full=2.1 + 0.01 * seed)
+    return sweep
 
 
-def expected_sensitivity(lrs, final, init, scaling):
-    per_lr = [np.mean([init if x is None else min(x, init) for x in final[(scaling, lr)]])
-              for lr in lrs]
-    best = min(per_lr)
-    return np.mean([p - best for p in per_lr]), best, lrs[int(np.argmin(per_lr))], per_lr
+def clipped(scaling, lr):
+    return [INIT if x is None else min(x, INIT) for x in LR_FULL[(scaling, lr)]]
 
 
-def test_lr_sweep_sensitivity_matches_definition(lr_sweep, tmp_path):
-    root, lrs, final, init = lr_sweep
+def test_lr_section_best_lr_sensitivity_and_pairs(lr_sweep, tmp_path):
     out = tmp_path / "out"
-    proc = run_script(root, "--out", out)
+    proc = run_script(lr_sweep, "--out", out)
     assert proc.returncode == 0, proc.stderr
-    assert (out / "lr_sensitivity.png").stat().st_size > 0
-    text = (out / "results.md").read_text()
-    lr_part = text.split("## LR sensitivity")[1]
-    for scaling in ("none", "qk_norm"):
-        sens, best, best_lr, per_lr = expected_sensitivity(lrs, final, init[scaling], scaling)
-        row = table_row(lr_part, f"scaling={scaling}")
-        n_div = sum(x is None for lr in lrs for x in final[(scaling, lr)])
-        assert row[1:] == [f"{sens:.4f}", f"{best:.4f}", f"{best_lr:g}", "3/3", str(n_div), "0"]
-        grid = [r for r in lr_part.splitlines() if r.startswith(f"| scaling={scaling} |")][1]
-        assert re.findall(r"\d+\.\d{4}", grid) == [f"{p:.4f}" for p in per_lr]
-    assert "(1 div.)" in lr_part
-    # the main table groups by scaling and lr, seeds aggregated
-    row = table_row(text, "scaling=qk_norm, optim.lr=0.01")
-    assert row[1] == "2" and row[2] == fmt([1.6, 1.7])
-    assert table_row(text, "scaling=none, optim.lr=0.1")[2:5] == [fmt([4.5]), fmt([3.0]), "1"]
+    assert (out / "lr_transfer.png").stat().st_size > 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    sens = {}
+    for scaling in ("sqrt_dk", "qk_norm", "none"):
+        per_seed = np.array([clipped(scaling, lr) for lr in LRS])   # (lr, seed)
+        sens[scaling] = per_seed.mean(axis=0) - per_seed.min(axis=0)
+    row = table_row(lr_part, "scaling=sqrt_dk, model.d_head=16")
+    assert row[1:4] == ["3", "0.01", "none"]
+    assert row[4] == f"{interval(clipped('sqrt_dk', 1e-2))} (n=3)"
+    grid_mean = np.array([clipped("sqrt_dk", lr) for lr in LRS]).mean(axis=0)
+    assert row[5] == f"{interval(grid_mean)} (n=3)"
+    assert row[6] == f"{interval(sens['sqrt_dk'])} (n=3)"
+    row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")
+    assert row[2:4] == ["0.1", "0.01"] and row[7] == "0"
+    row = table_row(lr_part, "scaling=none, model.d_head=16")
+    assert row[2] == "0.01" and row[7] == "1"
+    sens_pairs = lr_part.split("LR sensitivity, paired")[1].split("Mean clipped")[0]
+    pair = table_row(sens_pairs, "model.d_head=16", "none")
+    assert pair[3] == interval(sens["none"] - sens["sqrt_dk"])
+    grid = lr_part.split("Mean clipped")[1]
+    assert table_row(grid, "scaling=none, model.d_head=16")[3] == (
+        f"{interval(clipped('none', 1e-1))} (1 div)")
 
 
-def test_lr_sensitivity_example_by_hand():
-    """Worked by hand: losses (2, 1, init) at three LRs, init 4 -> mean(1, 0, 3) = 4/3."""
-    runs = []
-    for lr, loss, div in ((1e-3, 2.0, False), (1e-2, 1.0, False), (1e-1, 7.0, True)):
-        runs.append(plot_runs.Run(Path("."), {"optim.lr": str(lr)}, "none", [],
-                                  [{"kind": "eval", "step": 0, "val_loss": 4.0},
-                                   {"kind": "eval", "step": 5, "val_loss": loss}],
-                                  {"final_val_loss": loss, "diverged": div}, {}))
-    s = plot_runs.lr_sensitivity(runs)
-    assert s["best"] == 1.0 and s["best_lr"] == 1e-2
-    assert s["sensitivity"] == pytest.approx(4 / 3)
+def test_lr_figures_show_each_scale_at_its_best_lr(lr_sweep):
+    runs, _, _ = load_runs([lr_sweep])
+    best = st.at_best_lr(runs, "full")
+    lrs = {key[0][1] + str(key[1:]): {r.lr for r in g} for key, g in best.items()}
+    assert lrs["qk_norm" + str((("model.d_head", "16"),))] == {0.1}
+    assert all(len(g) == 3 and len(v) == 1 for g, v in zip(best.values(), lrs.values()))
 
 
-def test_single_run_dir_and_bad_input(tmp_path):
-    run = make_run(tmp_path / "one", ["scaling=dk", "trainer.seed=0"], [4.17, 2.0, 1.5])
-    shutil.rmtree(run / ".hydra")  # overrides then come from run.json
+def test_seeds_note_states_n_truthfully():
+    assert report_figures.seeds_note({"a": [1]}) == "one seed per line (no interval)"
+    assert report_figures.seeds_note({"a": [1, 2, 3]}).startswith("mean of n=3 seeds")
+    assert "n=1-3" in report_figures.seeds_note({"a": [1], "b": [1, 2, 3]})
+
+
+def test_band_is_the_t_interval_and_absent_for_one_seed():
+    steps, mean, lo, hi = report_figures.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
+                                                    ([0, 10, 20], [4.0, 2.4, 1.0])])
+    assert list(steps) == [0, 10, 20] and mean[1] == pytest.approx(2.2)
+    half = T975[3] * 0.2 / math.sqrt(3)
+    assert (lo[1], hi[1]) == pytest.approx((2.2 - half, 2.2 + half))
+    assert lo[0] == hi[0] == 4.0 and math.isnan(lo[2])   # one seed at step 20: no band
+
+
+def test_log_band_is_geometric_and_stays_positive():
+    """Gradient norms 1e-3 and 1e-1: the arithmetic t band would reach far below 0."""
+    steps, mean, lo, hi = report_figures.aggregate([([5], [1e-3]), ([5], [1e-1])], log=True)
+    half = T975[2] * math.log(100) / 2   # s = ln(100) / sqrt(2), s / sqrt(n) = ln(100) / 2
+    assert mean[0] == pytest.approx(1e-2)
+    assert (lo[0], hi[0]) == pytest.approx((1e-2 * math.exp(-half), 1e-2 * math.exp(half)))
+    assert lo[0] > 0
+
+
+def test_panels_per_scale_or_per_setting(ablation, lr_sweep):
+    from scripts.runs import group_runs
+    runs, _, _ = load_runs([ablation])
+    grid = report_figures.panels(group_runs(runs))   # scales only: a panel each, three a row
+    assert [[title for title, _ in row] for row in grid] == [["sqrt_dk", "none", "dk"],
+                                                             ["learned", "qk_norm"]]
+    runs, _, _ = load_runs([lr_sweep])
+    grid = report_figures.panels(group_runs(runs))   # rows: d_head, columns: lr
+    assert [[title for title, _ in row] for row in grid] == [
+        [f"d_head={d}, lr={lr}" for lr in ("0.001", "0.01", "0.1")]
+        for d in (16, 64)]
+    assert [k[0][1] for k, _ in grid[0][1][1]] == ["sqrt_dk", "none", "qk_norm"]
+    assert [len(g) for _, g in grid[0][1][1]] == [3, 3, 3] and len(grid[1][1][1]) == 1
+
+
+def test_sampled_loss_on_request_and_bad_input(tmp_path):
+    run = make_run(tmp_path / "one", ["scaling=dk", "trainer.seed=1"], [4.17, 2.0, 1.5])
+    shutil.rmtree(run / ".hydra")   # overrides then come from run.json
     out = tmp_path / "out"
-    proc = run_script(run, "--out", out)
+    proc = run_script(run, "--out", out, "--loss", "sampled")
     assert proc.returncode == 0, proc.stderr
-    assert table_row((out / "results.md").read_text(), "scaling=dk")[1:4] == ["1", "1.5000",
-                                                                                "1.5000"]
+    row = table_row((out / "results.md").read_text(), "scaling=dk")
+    assert row[1:4] == ["1", "1.5000 (n=1)", "1.5000 (n=1)"]
+    assert "one seed per line" in report_figures.seeds_note({"k": [1]})
     assert run_script(tmp_path / "nope", "--out", out).returncode == 2
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    proc = run_script(empty, "--out", out)
+    (tmp_path / "empty").mkdir()
+    proc = run_script(tmp_path / "empty", "--out", out)
     assert proc.returncode == 2 and "no run" in proc.stderr
+    proc = run_script(run, "--out", out, "--loss", "best")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
 def test_lr_left_at_default_groups_with_the_same_lr_set_explicitly(tmp_path):
     sweep = tmp_path / "sweep"
-    make_run(sweep, ["scaling=dk", "optim.lr=1e-2", "trainer.seed=0"], [4.0, 2.0])
-    make_run(sweep, ["scaling=dk", "trainer.seed=1"], [4.0, 2.5], config={"optim": {"lr": 0.01}})
-    make_run(sweep, ["scaling=dk", "optim.lr=0.1", "trainer.seed=0"], [4.0, 3.0])
+    make_run(sweep, ["scaling=dk", "optim.lr=1e-2", "trainer.seed=1"], [4.0, 2.0], full=2.0)
+    make_run(sweep, ["scaling=dk", "trainer.seed=2"], [4.0, 2.5], full=2.5,
+             config={"optim": {"lr": 0.01}})
+    make_run(sweep, ["scaling=dk", "optim.lr=0.1", "trainer.seed=1"], [4.0, 3.0], full=3.0)
+    runs, _, _ = load_runs([sweep])
+    table = st.lr_table(runs, "full")
+    assert table == {0.01: {"1": 2.0, "2": 2.5}, 0.1: {"1": 3.0}}
+
+
+def test_pair_against_a_setting_of_another_key(tmp_path):
+    """init_scale's question: each scale at unit-variance init minus the same scale and seed
+    at the default init."""
+    sweep = tmp_path / "sweep"
+    loss = {("null", 1): 2.00, ("null", 2): 2.10, ("null", 3): 2.05,
+            ("0.0884", 1): 2.60, ("0.0884", 2): 2.75, ("0.0884", 3): 2.62}
+    for (init, seed), full in loss.items():
+        make_run(sweep, [f"model.qk_init_std={init}", "scaling=none", f"trainer.seed={seed}"],
+                 [4.0, 3.0, full], full=full)
     out = tmp_path / "out"
-    assert run_script(sweep, "--out", out).returncode == 0
-    text = (out / "results.md").read_text()
-    assert table_row(text, "scaling=dk, optim.lr=0.01")[1:3] == ["2", fmt([2.0, 2.5])]
-    assert table_row(text, "scaling=dk, optim.lr=0.1")[1:3] == ["1", "3.0000"]
+    proc = run_script(sweep, "--out", out, "--pair", "model.qk_init_std=null")
+    assert proc.returncode == 0, proc.stderr
+    part = (out / "results.md").read_text().split("against `model.qk_init_std=default`")[1]
+    row = table_row(part, "model.qk_init_std=0.0884", "none")
+    diffs = [loss[("0.0884", s)] - loss[("null", s)] for s in (1, 2, 3)]
+    assert row[2:] == ["3", interval(diffs), "higher than model.qk_init_std=default"]
+    for bad, why in (("model.qk_init_std=0.5", "takes the values null, 0.0884"),
+                     ("optim.lr=1e-3", "a KEY these runs vary (model.qk_init_std)"),
+                     ("model.qk_init_std", "give KEY=VALUE")):
+        proc = run_script(sweep, "--out", out, "--pair", bad)
+        assert proc.returncode == 2 and why in proc.stderr, proc.stderr

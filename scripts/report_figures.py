@@ -1,0 +1,278 @@
+"""The step-curve figures of the report: small multiples of a sweep's groups over training.
+
+A panel is a setting (one per value of the swept key, or a grid for two keys; one per scale
+when the sweep varies only the scale). A line is the mean over a group's seeds; its band is the
+95% Student-t interval of that mean, drawn only where n >= 2; every title states the n.
+Each scale keeps one colour, dash pattern and marker in every figure.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from scripts import report_stats as st
+from scripts.report_tables import DIAGNOSTICS
+from scripts.runs import eval_series, label, record_series, setting_of, setting_order, variant_rank
+
+# One colour, dash pattern and marker per scale, fixed across figures; the dashes and markers
+# keep overlapping curves (sqrt_dk under learned) apart.
+STYLES = {"sqrt_dk": ("C0", "-", "o"), "none": ("C1", "--", "s"), "dk": ("C2", "-.", "^"),
+          "constant": ("C3", ":", "D"), "learned": ("C4", (0, (6, 2)), "v"),
+          "qk_norm": ("C5", (0, (3, 1, 1, 1, 1, 1)), "P")}
+ZOOM_FROM = 0.3  # loss panels show in full the steps past this fraction of the run
+LOG_FIELDS = {"attn_max_logit", "attn_raw_max_logit", "attn_raw_var"}
+
+
+def style(variant: str) -> dict:
+    color, ls, marker = STYLES.get(variant, ("C7", "-", "."))
+    # markers every fifth of the line, staggered per scale so overlapping lines show each one
+    every = (0.03 * variant_rank(variant), 0.2)
+    return {"color": color, "ls": ls, "marker": marker, "markevery": every, "ms": 4, "lw": 1.4}
+
+
+def aggregate(series: list[tuple[list, list]], log: bool = False):
+    """Seeds' (steps, values) -> steps, mean, band low, band high (NaN where n < 2). log: for
+    positive quantities drawn on a log axis, the geometric mean and the interval of the mean
+    log value, so that the band stays positive."""
+    steps = sorted({s for xs, _ in series for s in xs})
+    index = {s: i for i, s in enumerate(steps)}
+    grid = np.full((len(series), len(steps)), np.nan)  # (runs, steps)
+    for row, (xs, ys) in enumerate(series):
+        for x, y in zip(xs, ys):
+            if math.isfinite(y) and (y > 0 or not log):
+                grid[row, index[x]] = math.log(y) if log else y
+    keep = ~np.all(np.isnan(grid), axis=0)
+    if not keep.any():
+        return None
+    grid, steps = grid[:, keep], np.array(steps)[keep]
+    mean = np.nanmean(grid, axis=0)
+    half = np.full(len(steps), np.nan)
+    for i in range(len(steps)):
+        column = grid[:, i][~np.isnan(grid[:, i])]
+        if len(column) >= 2:
+            half[i] = st.mean_interval(list(column)).half
+    lo, hi = mean - half, mean + half
+    return (steps, *(np.exp([mean, lo, hi]) if log else (mean, lo, hi)))
+
+
+def draw(ax, agg, variant: str, text: str) -> None:
+    steps, mean, lo, hi = agg
+    s = style(variant)
+    ax.plot(steps, mean, label=text, **s)
+    if np.isfinite(lo).any():
+        ax.fill_between(steps, lo, hi, color=s["color"], alpha=0.18, lw=0)
+
+
+def seeds_note(groups: dict) -> str:
+    """What a line and a band are, with the n the lines really have."""
+    ns = sorted({len(runs) for runs in groups.values()})
+    if ns == [1]:
+        return "one seed per line (no interval)"
+    if len(ns) == 1:
+        return f"mean of n={ns[0]} seeds per line, band = 95% t interval"
+    return f"mean of n={ns[0]}-{ns[-1]} seeds per line (legend), band = 95% t interval where n>=2"
+
+
+def panels(groups: dict) -> list[list[tuple[str, list]]]:
+    """Panel grid: rows of (title, [(group key, runs), ...]). A panel is a setting: with one
+    setting key, one panel per value, three to a row; with more, the first key picks the row
+    and the others the column. A sweep of scales alone gets one panel per scale."""
+    settings = sorted({setting_of(k) for k in groups}, key=setting_order)
+    if settings == [()]:
+        cells = [(key[0][1], [(key, runs)]) for key, runs in groups.items()]
+    elif all(len(s) == 1 for s in settings):
+        cells = [(label(s, short=True), [(k, g) for k, g in groups.items() if setting_of(k) == s])
+                 for s in settings]
+    else:
+        cells = None
+    if cells is not None:
+        return [cells[i:i + 3] for i in range(0, len(cells), 3)]
+    rows = sorted({s[:1] for s in settings}, key=setting_order)
+    cols = sorted({s[1:] for s in settings}, key=setting_order)
+    return [[(label(r + c, short=True),
+              [(k, g) for k, g in groups.items() if setting_of(k) == r + c])
+             for c in cols] for r in rows]
+
+
+def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
+                    zoom: bool = False, zero_line: bool = False) -> None:
+    grid = panels(groups)
+    n_cols = max(len(row) for row in grid)
+    fig, axes = plt.subplots(len(grid), n_cols, figsize=(max(3.6 * n_cols + 0.6, 8.0),
+                             2.6 * len(grid) + 1.3), sharex=True, sharey=True, squeeze=False,
+                             layout="constrained")
+    mixed_n = len({len(g) for g in groups.values()}) > 1
+    per_scale = len(groups) == sum(len(row) for row in grid) and not setting_of(next(iter(groups)))
+    for i, row in enumerate(grid):
+        for j in range(n_cols):
+            ax = axes[i][j]
+            if j >= len(row):
+                ax.axis("off")
+                continue
+            title_ij, members = row[j]
+            if per_scale:  # the other scales in grey, for context
+                for key, runs in groups.items():
+                    agg = aggregate([series_of(r) for r in runs])
+                    if agg is not None and key != members[0][0]:
+                        ax.plot(agg[0], agg[1], color="0.82", lw=0.8, zorder=0)
+            for key, runs in members:
+                agg = aggregate([series_of(r) for r in runs])
+                if agg is not None:
+                    v = key[0][1]
+                    draw(ax, agg, v, f"{v} (n={len(runs)})" if mixed_n else v)
+            ax.set_title(title_ij, fontsize=9)
+            ax.grid(alpha=0.3)
+            if zero_line:
+                ax.axhline(0.0, color="k", lw=0.8)
+            ax.set_xlabel("step")
+            ax.xaxis.set_tick_params(labelbottom=True)  # a panel may have none below it
+            if j == 0:
+                ax.set_ylabel(ylabel)
+    if zoom:
+        zoom_losses(axes.flat[0], groups, series_of)
+    legend(fig, axes)
+    context = " (grey: the other scales)" if per_scale else ""
+    fig.suptitle(f"{title}{context}\n{seeds_note(groups)}", fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def zoom_losses(ax, groups, series_of) -> None:
+    """Shared y-range over the steps past the first ZOOM_FROM of the run: the early drop from
+    the loss at init runs off the top, so that the differences late in training show."""
+    lows, highs = [], []
+    for runs in groups.values():
+        agg = aggregate([series_of(r) for r in runs])
+        if agg is None:
+            continue
+        steps, mean, lo, _ = agg
+        late = np.isfinite(mean) & (steps >= ZOOM_FROM * steps.max()) & (steps > 0)
+        if late.any():
+            lows.append(np.nanmin(np.where(np.isfinite(lo), lo, mean)[late]))
+            highs.append(np.nanmax(mean[late]))
+    if lows:
+        pad = 0.05 * (max(highs) - min(lows) or 1.0)
+        ax.set_ylim(min(lows) - pad, max(highs) + pad)
+
+
+def legend(fig, axes) -> None:
+    """One short legend above the panels, one entry per scale."""
+    entries = {}
+    for ax in np.ravel(axes):
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(text, handle)
+    if entries:
+        order = sorted(entries, key=lambda t: variant_rank(t.split(" ")[0]))
+        fits = max(2, int(fig.get_figwidth() / 1.25))  # entries a row at this width
+        fig.legend([entries[t] for t in order], order, loc="outside lower center",
+                   ncol=min(len(order), fits), fontsize=8, frameon=False)
+
+
+def plot_losses(groups, path: Path, note: str) -> None:
+    small_multiples(groups, lambda r: eval_series(r, "val_loss", None),
+                    "val loss (nats)", f"Validation loss on the sampled batches{note};"
+                    f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training", path, zoom=True)
+
+
+def plot_vs_baseline(groups, baseline: str, path: Path, note: str) -> None:
+    """Each scale's val loss minus the baseline's at the same setting, seed and step: the band
+    is the 95% interval of the paired difference, so a lead is real where it clears 0."""
+    base = {(setting_of(k), r.seed): r for k, g in groups.items() if k[0][1] == baseline
+            for r in g}
+    setting = {id(r): setting_of(k) for k, g in groups.items() for r in g}
+
+    def difference(run):
+        other = base.get((setting[id(run)], run.seed))
+        if other is None:
+            return [], []
+        mine, theirs = (dict(zip(*eval_series(x, "val_loss", None))) for x in (run, other))
+        steps = sorted(set(mine) & set(theirs))
+        return steps, [mine[t] - theirs[t] for t in steps]
+
+    others = {k: g for k, g in groups.items() if k[0][1] != baseline
+              and any(difference(r)[0] for r in g)}
+    if others:
+        small_multiples(others, difference, f"val loss − {baseline} (nats)",
+                        f"Val loss minus {baseline}'s at the same seed and step{note};"
+                        f" below 0 = lower than {baseline}", path, zero_line=True)
+
+
+def reducer(how: str):
+    return max if how == "max" else (lambda xs: sum(xs) / len(xs))
+
+
+def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = ()) -> None:
+    """One row per statistic (name, y label, series of a run, log y), one column per setting;
+    the rows named in `tied` share one y-range."""
+    settings = sorted({setting_of(k) for k in groups}, key=setting_order)
+    width = max(3.4 * len(settings) + 1.0, 8.0)  # one setting: wide enough for six scales
+    fig, axes = plt.subplots(len(rows), len(settings), squeeze=False, sharex=True,
+                             figsize=(width, 2.1 * len(rows) + 1.2), layout="constrained")
+    mixed_n = len({len(g) for g in groups.values()}) > 1
+    for i, (name, ylabel, series_of, log) in enumerate(rows):
+        for j, setting in enumerate(settings):
+            ax = axes[i][j]
+            for key, runs in groups.items():
+                agg = aggregate([series_of(r) for r in runs], log) \
+                    if setting_of(key) == setting else None
+                if agg is not None:
+                    v = key[0][1]
+                    draw(ax, agg, v, f"{v} (n={len(runs)})" if mixed_n else v)
+            if not ax.lines:
+                ax.text(0.5, 0.5, f"{name}\nnot recorded", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=8, color="0.4")
+            elif log:
+                ax.set_yscale("log")
+                fit_to_lines(ax)
+            ax.grid(alpha=0.3)
+            if i == 0 and setting:
+                ax.set_title(label(setting, short=True), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(ylabel, fontsize=8)
+        share_y(axes[i])
+    share_y([ax for i, row in enumerate(rows) if row[0] in tied for ax in axes[i]])
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    legend(fig, axes)
+    geometric = "; log rows: geometric mean" if any(row[3] for row in rows) else ""
+    fig.suptitle(f"{title}\n{seeds_note(groups)}{geometric}", fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fit_to_lines(ax, factor: float = 4.0) -> None:
+    """A log panel's y-range: the lines' range widened by `factor` each way. A band of two
+    seeds (t = 12.7) can span decades; it runs off the panel instead of flattening the lines."""
+    values = np.concatenate([line.get_ydata() for line in ax.lines])
+    values = values[np.isfinite(values) & (values > 0)]
+    if values.size:
+        ax.set_ylim(values.min() / factor, values.max() * factor)
+
+
+def share_y(row_axes) -> None:
+    """One y-range for the drawn panels of a row, so that columns compare."""
+    used = [ax for ax in row_axes if ax.lines]
+    if len(used) > 1:
+        lo = min(ax.get_ylim()[0] for ax in used)
+        hi = max(ax.get_ylim()[1] for ax in used)
+        for ax in used:
+            ax.set_ylim(lo, hi)
+
+
+def plot_diagnostics(groups, path: Path, note: str) -> None:
+    rows = [(name, f"{heading}\n({how} over layers)",
+             lambda r, n=name, h=how: eval_series(r, n, reducer(h)), name in LOG_FIELDS)
+            for name, heading, how in DIAGNOSTICS]
+    # the scaled and the raw max logit on one y-range: the gap between them is the scale
+    stat_grid(groups, rows, f"Attention on the fixed validation batch{note}", path,
+              tied=("attn_max_logit", "attn_raw_max_logit"))
+
+
+def plot_qk_grads(groups, path: Path, note: str) -> None:
+    rows = [(f"{s}_grad_norm", f"|grad W_{s}|\n(mean over layers)",
+             lambda r, s=s: record_series(r, f"{s}_grad_norm"), True) for s in ("q", "k")]
+    stat_grid(groups, rows, f"Gradient norm of the q and k projections{note}", path)
