@@ -186,6 +186,23 @@ def test_attention_stats_per_layer_and_impl_independent():
         assert torch.allclose(stats[0][key], info.stats[key], atol=1e-6)
 
 
+def test_attention_stats_ignore_dropout_keep_rng_and_mode():
+    """With dropout on and the model in training mode, the statistics are those of eval mode,
+    draw nothing from the global RNG, and leave the model in training mode."""
+    idx = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
+    model = tiny(dropout=0.5)
+    reference = model.eval().attention_stats(idx)
+    model.train()
+    torch.manual_seed(7)
+    rng = torch.get_rng_state()
+    stats = model.attention_stats(idx)
+    assert model.training and all(m.training for m in model.modules())
+    assert torch.equal(torch.get_rng_state(), rng)
+    for a, b in zip(stats, reference, strict=True):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
 # ---------------------------------------------------------------- generation
 
 def test_batched_greedy_generation_equals_unbatched():
