@@ -36,7 +36,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from model.attention import ScalingConfig
 from model.errors import UserError
-from model.gpt import GPT, GPTConfig
+from model.gpt import GPT, IGNORE_INDEX, GPTConfig
 from trainer.run_dir import (
     MetricsLog,
     check_same_model,
@@ -167,16 +167,18 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def estimate_loss(model, batches, ctx, device) -> float:
-    """Mean loss over fixed batches (all processes), in eval mode."""
+    """Mean loss over every real target of the fixed batches of all processes, in eval mode."""
+    was_training = model.training
     model.eval()
-    losses = []
+    total = torch.zeros(2, device=device)   # (sum of token losses, number of real targets)
     for batch in batches:
         idx, targets, valid = to_device(batch, device)
         with ctx:
-            losses.append(model(idx, targets, valid)[1].float())
-    model.train()
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    return all_reduce_sum(torch.stack(losses).mean()).item() / world
+            loss_sum = model(idx, targets, valid, reduction="sum")[1].float()
+        total += torch.stack([loss_sum, (targets != IGNORE_INDEX).sum().float()])
+    model.train(was_training)
+    loss_sum, count = all_reduce_sum(total).tolist()
+    return loss_sum / count
 
 
 def attention_record(raw: GPT, batch, device) -> dict:
@@ -195,21 +197,36 @@ def qk_grad_record(raw: GPT) -> dict:
             "q_grad_norm_layers": list(q), "k_grad_norm_layers": list(k)}
 
 
+def count_targets(batches, device: torch.device) -> torch.Tensor:
+    """Real targets in `batches` of all processes: the divisor of a token-weighted loss."""
+    if all(valid is None for _, _, valid in batches):   # concat: every target is real
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return torch.tensor(float(world * sum(t.numel() for _, t, _ in batches)), device=device)
+    local = sum((targets != IGNORE_INDEX).sum() for _, targets, _ in batches)
+    return all_reduce_sum(local.float())
+
+
 def train_step(model, raw, batcher, optimizer, scheduler, scaler, ctx, tc, optim, device,
                want_qk: bool):
     """One optimizer step over tc.grad_accum micro-batches. `model` is what runs forward
-    (raw, compiled or DDP-wrapped), `raw` the plain module. Returns device tensors (mean loss,
-    grad norm) and, if want_qk, the q/k projection grad norms (floats: a host sync).
+    (raw, compiled or DDP-wrapped), `raw` the plain module. The loss is the sum of the token
+    losses of all micro-batches and processes over their count of real targets, so a padded
+    micro-batch with few real tokens weighs as few tokens. Returns device tensors (this
+    process's share of that loss: their sum over processes is the loss; grad norm) and, if
+    want_qk, the q/k projection grad norms (floats: a host sync).
     scripts/bench.py times this function: keep its signature in step with the benchmark."""
+    batches = [to_device(batcher.next(), device) for _ in range(tc.grad_accum)]
+    n_targets = count_targets(batches, device)
+    # DDP averages gradients over processes: scaling by the world size undoes that average.
+    world = dist.get_world_size() if dist.is_initialized() else 1
     loss_sum = torch.zeros((), device=device)
-    for micro in range(tc.grad_accum):
-        idx, targets, valid = to_device(batcher.next(), device)
+    for micro, (idx, targets, valid) in enumerate(batches):
         # DDP all-reduces gradients on the last micro-step only.
         last = micro == tc.grad_accum - 1
         with model.no_sync() if isinstance(model, DDP) and not last else nullcontext():
             with ctx:
-                _, loss = model(idx, targets, valid)
-            scaler.scale(loss / tc.grad_accum).backward()
+                _, loss = model(idx, targets, valid, reduction="sum")
+            scaler.scale(loss * (world / n_targets)).backward()
         loss_sum += loss.detach().float()
     scaler.unscale_(optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), optim.grad_clip or math.inf)
@@ -218,7 +235,7 @@ def train_step(model, raw, batcher, optimizer, scheduler, scaler, ctx, tc, optim
     scaler.update()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum / tc.grad_accum, grad_norm, qk
+    return loss_sum / n_targets, grad_norm, qk
 
 
 def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
@@ -425,8 +442,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             bar.update(1)
             if not check:
                 continue
-            # one collective: summed loss, non-finite count, stop requests of all processes
-            loss_sum, bad, stop_asked = all_reduce_sum(torch.stack([loss, nonfinite, torch.tensor(
+            # one collective: the loss (the sum of its per-process shares), the non-finite count
+            # and the stop requests of all processes
+            loss, bad, stop_asked = all_reduce_sum(torch.stack([loss, nonfinite, torch.tensor(
                 float(stop.signum > 0), device=r.device)])).tolist()
             elapsed = time.perf_counter() - t0
             train_time += elapsed
@@ -439,9 +457,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                                f"(trainer.on_nan={tc.on_nan}).")
                 break
             if r.rank == 0:
-                log.write({"kind": "train", "step": step, "loss": loss_sum / r.world, "lr": lr,
+                log.write({"kind": "train", "step": step, "loss": loss, "lr": lr,
                            "tokens_per_sec": tokens_per_sec, "grad_norm": grad_norm.item(), **qk})
-                bar.set_postfix(loss=f"{loss_sum / r.world:.4f}", lr=f"{lr:.2e}",
+                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
                                 tok_s=f"{tokens_per_sec:,.0f}")
             if done or step % tc.eval_every == 0:
                 evaluate(r, log, ckpt_dir, step, lr, tokens_per_sec)
