@@ -21,12 +21,19 @@ from data.tokenizer import encode  # noqa: E402
 from model.attention import ScalingConfig  # noqa: E402
 from model.errors import UserError  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
-from trainer.run_dir import load_checkpoint  # noqa: E402
+from trainer import checkpoint  # noqa: E402
+from trainer.checkpoint import CheckpointError  # noqa: E402
 
 
 def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, int]:
     """The run's model with the weights of checkpoints/<which>.pt, and its pad id."""
-    ckpt = load_checkpoint(run_dir / "checkpoints" / f"{which}.pt")
+    path = run_dir / "checkpoints" / f"{which}.pt"
+    try:
+        ckpt = checkpoint.read(path)
+    except CheckpointError as err:
+        raise UserError(f"Cannot sample from {err.path}: {err.problem} Sample from a run "
+                        "directory trained by this version of train.py (it reads "
+                        "checkpoints/best.pt, or last.pt with --checkpoint last).") from None
     fields = dict(ckpt["model_config"])
     config = GPTConfig(**{**fields, "scaling": ScalingConfig(**fields["scaling"])})
     model = GPT(config)
@@ -38,8 +45,12 @@ def sample(run_dir: Path, prompts: list[str], max_new_tokens: int, temperature: 
            top_k: int | None, which: str = "best", seed: int = 0,
            device: str = "cpu") -> list[str]:
     """Continuations (prompt included) of each prompt, generated as one batch."""
-    tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
     model, pad_id = load_model(run_dir, which, torch.device(device))
+    if not (run_dir / "tokenizer.json").is_file():
+        raise UserError(f"Cannot sample from {run_dir}: it has no tokenizer.json. Pass the run "
+                        "directory that train.py wrote (it holds tokenizer.json and "
+                        "checkpoints/).")
+    tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
     ids = [encode(tok, p) for p in prompts]
     if any(len(i) == 0 for i in ids):
         raise UserError("Every --prompt must encode to at least one token; pass e.g. "
