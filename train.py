@@ -12,6 +12,7 @@ trainer.on_nan=stop included), 2 bad config or data, 3 diverged with trainer.on_
 128+signal when stopped by SIGINT/SIGTERM (a checkpoint to resume from is written first).
 """
 
+import json
 import math
 import os
 import shlex
@@ -21,6 +22,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -33,19 +35,19 @@ from tqdm import tqdm
 
 from data.batching import Batcher, fixed_batches
 from data.config import DataConfig
+from data.errors import DataError
 from data.prepare import prepare
 from model.attention import ScalingConfig
 from model.errors import UserError
 from model.gpt import GPT, IGNORE_INDEX, GPTConfig
+from trainer import checkpoint
+from trainer.checkpoint import CheckpointError
 from trainer.run_dir import (
     MetricsLog,
-    check_same_model,
+    begin_segment,
+    end_segment,
     environment,
-    load_checkpoint,
     remove_if_unstarted,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
     write_json,
 )
 from trainer.schema import OptimConfig, TrainerConfig, register_configs
@@ -320,19 +322,23 @@ def build(cfg: DictConfig) -> Run:
 
 def restore(r: Run, path: Path) -> None:
     """Load every piece of state the next step depends on from a last.pt checkpoint."""
-    ckpt = load_checkpoint(path)
-    if "optimizer" not in ckpt:
-        raise UserError(f"trainer.resume={path} holds weights only (best.pt); resume "
-                        "from checkpoints/last.pt, which holds the whole training state.")
-    check_same_model(ckpt["model_config"], asdict(r.model_cfg), path)
+    try:
+        ckpt = checkpoint.read(path)
+    except CheckpointError as err:
+        raise UserError(f"Cannot resume from {err.path} (trainer.resume={r.tc.resume}): "
+                        f"{err.problem} Resume from checkpoints/last.pt of a run trained by "
+                        "this version of train.py, or start a new run without trainer.resume."
+                        ) from None
+    checkpoint.check_resumable(ckpt, r.c, r.model_cfg.vocab_size, path)
     r.raw.load_state_dict(ckpt["model"])
     r.optimizer.load_state_dict(ckpt["optimizer"])
     r.scheduler.load_state_dict(ckpt["scheduler"])
-    r.scaler.load_state_dict(ckpt["scaler"])
+    if ckpt["scaler"]:   # empty when saved without fp16 (a disabled scaler has no state)
+        r.scaler.load_state_dict(ckpt["scaler"])
     r.batcher.load_state_dict(ckpt["sampler"])
     r.state.update({k: ckpt[k] for k in r.state})
     rngs = ckpt["rng"]
-    set_rng_state(rngs[r.rank] if len(rngs) == r.world else rngs[0])
+    checkpoint.set_rng_state(rngs[r.rank] if len(rngs) == r.world else rngs[0], r.device)
 
 
 def save(r: Run, path: Path, full: bool = True) -> None:
@@ -340,9 +346,9 @@ def save(r: Run, path: Path, full: bool = True) -> None:
     the RNG states of all processes are gathered."""
     rngs = [None] * r.world
     if r.world > 1:
-        dist.all_gather_object(rngs, rng_state())
+        dist.all_gather_object(rngs, checkpoint.rng_state(r.device))
     else:
-        rngs = [rng_state()]
+        rngs = [checkpoint.rng_state(r.device)]
     if r.rank != 0:
         return
     content = {"model": r.raw.state_dict(), "model_config": asdict(r.model_cfg), "config": r.c,
@@ -351,7 +357,7 @@ def save(r: Run, path: Path, full: bool = True) -> None:
         content.update(optimizer=r.optimizer.state_dict(), scheduler=r.scheduler.state_dict(),
                        scaler=r.scaler.state_dict(), sampler=r.batcher.state_dict(), rng=rngs,
                        world_size=r.world)
-    save_checkpoint(path, content)
+    checkpoint.write(path, content)
 
 
 def evaluate(r: Run, log: Optional[MetricsLog], ckpt_dir: Path, step: int, lr: float,
@@ -380,7 +386,8 @@ def evaluate(r: Run, log: Optional[MetricsLog], ckpt_dir: Path, step: int, lr: f
 
 
 def start_run_dir(r: Run, run_dir: Path, resumed_from: Optional[Path]) -> MetricsLog:
-    """Print what is about to run; write run.json and tokenizer.json; open metrics.jsonl."""
+    """Print what is about to run; add this segment to run.json, copy tokenizer.json, open
+    metrics.jsonl (dropping the records of steps past the checkpoint)."""
     print(f"data {r.c['data']['name']}: {len(r.data.train):,} train / {len(r.data.val):,} val "
           f"tokens, vocab {r.data.vocab_size}; model {r.raw.num_params() / 1e6:.2f}M "
           f"parameters; {r.device} {r.precision}, {torch.get_num_threads()} thread(s) x "
@@ -389,21 +396,46 @@ def start_run_dir(r: Run, run_dir: Path, resumed_from: Optional[Path]) -> Metric
           + ("; trainer.resume=auto found no checkpoint: starting fresh"
              if r.tc.resume == "auto" and not resumed_from else ""))
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "run.json", {
+    log = MetricsLog(run_dir / "metrics.jsonl",
+                     resume_step=r.state["step"] if resumed_from else None)
+    env = environment(r.device)
+    segment = {"started_at": now(), "start_step": r.state["step"],
+               "resumed_from": str(resumed_from) if resumed_from else None,
+               "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
+               "command": env["command"], "world_size": r.world, "precision": r.precision,
+               "compile": r.tc.compile, "device": env["device"]}
+    begin_segment(run_dir / "run.json", {
         "config": r.c, "overrides": overrides(), "model_config": asdict(r.model_cfg),
         "n_params": r.raw.num_params(), "world_size": r.world, "precision": r.precision,
-        "compile": r.tc.compile, "resumed_from": str(resumed_from) if resumed_from else None,
-        "data": r.data.meta, **environment(r.device)})
+        "compile": r.tc.compile, "resumed_from": segment["resumed_from"], "data": r.data.meta,
+        **env}, segment, resumed=resumed_from is not None)
     shutil.copyfile(r.data.tokenizer_path, run_dir / "tokenizer.json")
-    return MetricsLog(run_dir / "metrics.jsonl",
-                      resume_step=r.state["step"] if resumed_from else None)
+    return log
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def finished(r: Run, run_dir: Path) -> Optional[str]:
+    """Why a resumed run has nothing left to do (None if it has): its checkpoint is at
+    trainer.max_steps, or its summary.json says it diverged."""
+    if r.state["step"] >= r.tc.max_steps:
+        return (f"its checkpoint is at step {r.state['step']} and trainer.max_steps="
+                f"{r.tc.max_steps}; raise trainer.max_steps to train it further")
+    summary = run_dir / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("diverged"):
+        return ("it diverged (summary.json); start a new run, e.g. with a lower optim.lr, to "
+                "try again")
+    return None
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Train as `cfg` says, writing into run_dir (rank 0); return the summary.
 
-    Raises UserError before writing anything if the config or data is bad, Interrupted after a
-    signal, Diverged on a non-finite loss with trainer.on_nan=raise.
+    Raises UserError before writing anything if the config, data or checkpoint is bad,
+    Interrupted after a signal, Diverged on a non-finite loss with trainer.on_nan=raise.
+    Returns None, writing nothing, when a resumed run is already finished.
     """
     # 1. Build everything, resume if asked; only then write the run directory.
     r = build(cfg)
@@ -411,6 +443,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     ckpt_path = resume_path(tc.resume, run_dir)
     if ckpt_path is not None:
         restore(r, ckpt_path)
+        reason = finished(r, run_dir)
+        if reason:
+            if r.rank == 0:
+                print(f"Nothing to do: the run in {run_dir} is finished ({reason}). Its files "
+                      "are left as they are.")
+            return None
     else:
         torch.manual_seed(tc.seed + r.rank)   # dropout masks differ across processes
     ckpt_dir = run_dir / "checkpoints"
@@ -475,6 +513,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if log is not None:
         log.close()
     if interrupted:
+        if r.rank == 0:
+            end_segment(run_dir / "run.json", ended_at=now(), end_step=step, ended="interrupted")
         raise Interrupted(interrupted, step, ckpt_dir / "last.pt")
 
     # 3. Samples from the best weights, then the summary.
@@ -492,6 +532,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                for k, v in summary.items()}
     if r.rank == 0:
         write_json(run_dir / "summary.json", summary)
+        end_segment(run_dir / "run.json", ended_at=now(), end_step=step,
+                    ended="diverged" if diverged else "finished")
     if diverged and tc.on_nan == "raise":
         raise Diverged(f"non-finite training loss at step {step}; the last good checkpoint is "
                        f"{ckpt_dir / 'last.pt'} (trainer.on_nan=raise)")
@@ -501,7 +543,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 def write_samples(r: Run, run_dir: Path, best: Path) -> None:
     """samples.txt: one continuation per trainer.sample_prompts, from the best weights."""
     if best.exists():
-        r.raw.load_state_dict(load_checkpoint(best)["model"])
+        r.raw.load_state_dict(checkpoint.read(best)["model"])
     gen = torch.Generator(device=r.device).manual_seed(r.tc.seed)
     r.raw.eval()
     outs = r.raw.generate(r.prompts, r.tc.sample_tokens, temperature=r.tc.sample_temperature,
@@ -517,10 +559,43 @@ def overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def resume_command(run_dir: Path) -> str:
-    keep = [o for o in overrides() if not o.startswith("trainer.resume=")]
-    args = [*keep, "trainer.resume=auto", f"hydra.run.dir={run_dir}"]
-    return " ".join(["python", "train.py", *map(shlex.quote, args)])
+def hydra_quoted(value: str) -> str:
+    """A Hydra override value that may hold `=` and `,` (a sweep job's folder name)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def shown(path: Path) -> str:
+    """`path` relative to the working directory when inside it, else absolute."""
+    inside = path.resolve().is_relative_to(Path.cwd().resolve())
+    return os.path.relpath(path) if inside else str(path)
+
+
+def resume_commands(run_dir: Path, world: int) -> list[tuple[str, str]]:
+    """(what, shell command) pairs that continue this run: the job alone, in its own folder
+    (hydra.mode=RUN: a preset's MULTIRUN would ignore hydra.run.dir; hydra.output_subdir=null
+    keeps the job's .hydra/ as its first segment wrote it), and, in a sweep, the whole sweep
+    (its command again with trainer.resume=auto in the same sweep folder)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    launcher = (["python", sys.argv[0]] if world == 1 else
+                ["torchrun", "--standalone", f"--nproc_per_node={world}", sys.argv[0]])
+    own = ("trainer.resume=", "hydra.mode=", "hydra.run.", "hydra.sweep.", "hydra.sweeper.",
+           "hydra.output_subdir=")
+    job = [*launcher, *(o for o in hc.overrides.task if not o.startswith(own)),
+           *(o for o in hc.overrides.hydra if not o.startswith(own)),
+           "trainer.resume=auto", "hydra.mode=RUN", "hydra.output_subdir=null",
+           f"hydra.run.dir={hydra_quoted(shown(run_dir))}"]
+    commands = [("this run", shlex.join(job))]
+    if hc.mode == RunMode.MULTIRUN:
+        again = [a for a in sys.argv[1:] if not a.startswith(("trainer.resume=",
+                                                                "hydra.sweep.dir="))]
+        sweep = [*launcher, *again, "trainer.resume=auto",
+                 f"hydra.sweep.dir={hydra_quoted(shown(Path(hc.sweep.dir)))}"]
+        commands.append(("the whole sweep (finished jobs are skipped, the others continue or "
+                         "start)", shlex.join(sweep)))
+    return commands
 
 
 def paragraph(err: BaseException) -> str:
@@ -540,15 +615,17 @@ def hydra_main(cfg: DictConfig) -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     try:
         summary = train(cfg, run_dir)
-    except UserError as err:
+    except (UserError, DataError) as err:
         if rank == 0:
             remove_if_unstarted(run_dir)
         print(f"error: {paragraph(err)}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as err:
         if rank == 0:
-            print(f"{err}; checkpoint {err.checkpoint}. Resume with:\n  {resume_command(run_dir)}",
-                  file=sys.stderr)
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            how = "".join(f"\nResume {what} with:\n  {command}"
+                          for what, command in resume_commands(run_dir, world))
+            print(f"{err}; checkpoint {err.checkpoint}.{how}", file=sys.stderr)
         sys.exit(128 + err.signum)
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
@@ -556,13 +633,16 @@ def hydra_main(cfg: DictConfig) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if summary is None:   # a finished run, resumed: nothing was written
+        if rank == 0:
+            remove_if_unstarted(run_dir)
+        return
     if rank == 0:
         print(f"best val loss {summary['best_val_loss']:.4f} at step {summary['best_step']} "
               f"(final {summary['final_val_loss']:.4f}; {summary['steps']} steps, "
               f"{summary['wall_s']:.0f} s)" if not summary["diverged"] else
               f"diverged at step {summary['steps']} (non-finite loss)")
-        inside = run_dir.resolve().is_relative_to(Path.cwd().resolve())
-        print(f"run dir: {os.path.relpath(run_dir) if inside else run_dir}")
+        print(f"run dir: {shown(run_dir)}")
 
 
 def main() -> None:

@@ -301,7 +301,7 @@ def test_sigterm_leaves_a_checkpoint_that_resumes(tiny, tmp_path):
     assert "trainer.resume=auto" in stderr and (run_dir / "checkpoints" / "last.pt").is_file()
     stopped_at = records(run_dir, "train")[-1]["step"]
     assert stopped_at < 400 and not (run_dir / "summary.json").exists()
-    command = shlex.split(stderr.split("Resume with:")[1])
+    command = shlex.split(stderr.split("Resume this run with:")[1])
     assert command[:2] == ["python", "train.py"]
     resumed = run_cli(command[2:])
     assert resumed.returncode == 0, resumed.stderr

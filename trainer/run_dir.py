@@ -1,6 +1,8 @@
 """Everything a training run writes into its run directory, and reads back on resume.
 
-    run.json          resolved config, overrides, git commit, library versions, device
+    run.json          resolved config, overrides, git commit, library versions, device; and
+                      "segments": one record per start or resume (git commit, command, times,
+                      step range, how it ended)
     metrics.jsonl     one JSON object per logged step ("kind": "train") and evaluation ("eval")
     summary.json      written once, when the run ends (or diverges)
     tokenizer.json    copy of the tokenizer the run used
@@ -14,7 +16,6 @@ moment leaves either the old or the new checkpoint, never half of one.
 import json
 import os
 import platform
-import random
 import shutil
 import subprocess
 import sys
@@ -102,9 +103,7 @@ class MetricsLog:
     def __init__(self, path: Path, resume_step: Optional[int] = None):
         self.path = path
         if resume_step is not None and path.exists():
-            # Records past the checkpoint belong to steps that are about to be redone.
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            kept = [json.dumps(r) for r in read_metrics(path) if r["step"] <= resume_step]
             atomic_write(path, lambda f: f.write("".join(k + "\n" for k in kept).encode()))
         self.file = open(path, "a", buffering=1)
 
@@ -115,54 +114,37 @@ class MetricsLog:
         self.file.close()
 
 
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+def read_metrics(path: Path) -> list[dict]:
+    """The records of metrics.jsonl. A last line that is not JSON was torn by a kill in the
+    middle of a write and is dropped (its step is redone on resume); a bad line anywhere else
+    is damage this code did not make, and is reported."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise UserError(f"{path} line {number} is not JSON, and it is not the last line "
+                            "(only a last line can be torn by an interrupted write). Repair "
+                            "or delete that line, or start a new run without trainer.resume."
+                            ) from None
+    return records
 
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def begin_segment(path: Path, run: dict, segment: dict, resumed: bool) -> None:
+    """run.json: what the run is, as its first segment wrote it, and one record per segment
+    (each start or resume). A resumed run keeps what is there and appends its segment."""
+    record = json.loads(path.read_text()) if resumed and path.exists() else run
+    record["segments"] = [*record.get("segments", []), segment]
+    write_json(path, record)
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: torch.save(state, f))
-
-
-def load_checkpoint(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"trainer.resume: no checkpoint at {path}. Pass trainer.resume=auto "
-                        "with hydra.run.dir=<run dir>, or the path of a .pt file in a run's "
-                        "checkpoints/ folder.")
-    # weights_only=False: the file holds RNG states (numpy arrays, tuples) written by this code.
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-# Model settings that may change on resume: they change how, not what, is computed.
-RESUMABLE_MODEL_FIELDS = ("attn_impl", "dropout")
-
-
-def check_same_model(saved: dict, current: dict, path: Path) -> None:
-    """Refuse to resume into a model whose config differs from the checkpoint's."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-        return out
-
-    old, new = flat(saved), flat(current)
-    diff = [k for k in sorted(old.keys() | new.keys())
-            if k not in RESUMABLE_MODEL_FIELDS and old.get(k) != new.get(k)]
-    if diff:
-        listed = "; ".join(f"{k if k.startswith('scaling.') else 'model.' + k}: "
-                           f"checkpoint {old.get(k)!r}, now {new.get(k)!r}" for k in diff)
-        raise UserError(f"Cannot resume from {path}: the model config differs from the "
-                        f"checkpoint's ({listed}). Resume with the checkpoint's settings, or "
-                        "start a new run without trainer.resume.")
+def end_segment(path: Path, **fields) -> None:
+    """Complete the last segment of run.json (end step, end time, how it ended)."""
+    record = json.loads(path.read_text())
+    record["segments"][-1].update(fields)
+    write_json(path, record)
