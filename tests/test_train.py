@@ -1,7 +1,8 @@
 """train.py, configs/ and scripts/sample.py on a tiny corpus made here (data source `text`).
 
-In-process tests build the config with Hydra's compose API and call train.train; the
-subprocess tests run the real command line (`python train.py ...`, torchrun).
+In-process tests build the config with Hydra's compose API and call train.train, the loop
+under test (train.py's one import here; the pieces come from trainer/); the subprocess tests
+run the real command line (`python train.py ...`, torchrun).
 """
 
 import json
@@ -24,7 +25,9 @@ from data.config import DataConfig
 from model.attention import ScalingConfig
 from model.errors import UserError
 from model.gpt import GPT, GPTConfig
+from trainer.build import make_optimizer, pick_device
 from trainer.schema import OptimConfig, TrainerConfig, register_configs
+from trainer.signals import Diverged, Interrupted
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -161,7 +164,7 @@ def test_run_directory_contents(tiny, tmp_path):
 def test_weight_decay_on_matrices_only(tiny):
     cfg = make_config([*tiny, "scaling=qk_norm"])
     model = GPT(GPTConfig(vocab_size=30, scaling=ScalingConfig(**cfg.scaling), **cfg.model))
-    optimizer = train.make_optimizer(model, OptimConfig(), train.pick_device("cpu"))
+    optimizer = make_optimizer(model, OptimConfig(), pick_device("cpu"))
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"])
@@ -183,7 +186,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(train, "train_step", step_then_signal)
-    with pytest.raises(train.Interrupted) as stop:
+    with pytest.raises(Interrupted) as stop:
         train.train(make_config(tiny), tmp_path / "resumed")
     assert stop.value.step == 3 and stop.value.checkpoint.is_file()
     assert not (tmp_path / "resumed" / "summary.json").exists()
@@ -235,7 +238,7 @@ def test_non_finite_loss_stops_with_diverged(tiny, tmp_path, monkeypatch):
     assert all(math.isfinite(r["loss"]) for r in records(tmp_path / "stop", "train"))
     assert (tmp_path / "stop" / "checkpoints" / "last.pt").is_file()   # step 4, the last good
     calls["n"] = 0
-    with pytest.raises(train.Diverged):
+    with pytest.raises(Diverged):
         train.train(make_config([*tiny, "trainer.on_nan=raise"]), tmp_path / "raise")
 
 

@@ -15,6 +15,7 @@ from test_train import ROOT, make_config, records, run_cli, tiny  # noqa: F401 (
 
 import train
 from model.errors import UserError
+from trainer.signals import Interrupted
 
 
 def interrupted_then_resumed(tiny, tmp_path, monkeypatch, extra,  # noqa: F811
@@ -32,7 +33,7 @@ def interrupted_then_resumed(tiny, tmp_path, monkeypatch, extra,  # noqa: F811
         return out
 
     monkeypatch.setattr(train, "train_step", step_then_signal)
-    with pytest.raises(train.Interrupted):
+    with pytest.raises(Interrupted):
         train.train(make_config([*tiny, *extra]), tmp_path / "resumed")
     monkeypatch.setattr(train, "train_step", real_step)
     before_resume(tmp_path / "resumed")

@@ -3,15 +3,18 @@
 import copy
 import math
 from contextlib import nullcontext
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import train
 from data.batching import Batch
 from model.gpt import GPT, IGNORE_INDEX, GPTConfig
+from trainer.build import make_optimizer
+from trainer.evaluate import estimate_loss
 from trainer.schema import OptimConfig, TrainerConfig
+from trainer.step import train_step
 
 VOCAB, T = 20, 8
 
@@ -60,7 +63,7 @@ def test_evaluation_loss_is_the_mean_over_real_targets():
     expected = token_mean(m, bs).item()
     per_batch = sum(m(b.idx, b.targets, b.valid_mask)[1].item() for b in bs) / len(bs)
     assert abs(per_batch - expected) > 0.02        # the two weightings really differ here
-    assert train.estimate_loss(m, bs, nullcontext(), torch.device("cpu")) == pytest.approx(
+    assert estimate_loss(m, bs, nullcontext(), torch.device("cpu")) == pytest.approx(
         expected, rel=1e-6)
 
 
@@ -73,11 +76,12 @@ def test_train_step_loss_and_gradient_weigh_tokens_not_micro_batches():
                                   if p.grad is not None))
     device = torch.device("cpu")
     optim = OptimConfig(warmup_steps=0, grad_clip=0.0)
-    optimizer = train.make_optimizer(m, optim, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    loss, grad_norm, _ = train.train_step(
-        m, m, ListBatcher(batches()), optimizer, scheduler, scaler, nullcontext(),
-        TrainerConfig(grad_accum=2), optim, device, want_qk=False)
+    optimizer = make_optimizer(m, optim, device)
+    run = SimpleNamespace(   # the parts of a trainer.build.Run that a step uses
+        raw=m, ddp=m, batcher=ListBatcher(batches()), optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+        scaler=torch.amp.GradScaler("cpu", enabled=False), ctx=nullcontext(),
+        tc=TrainerConfig(grad_accum=2), optim=optim, device=device)
+    loss, grad_norm, _ = train_step(run, want_qk=False)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert grad_norm.item() == pytest.approx(expected_norm, rel=1e-5)

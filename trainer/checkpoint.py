@@ -20,12 +20,15 @@ checkpoints/last.pt adds the whole training state; best.pt is weights and the fi
 
 import random
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from model.errors import UserError
+from trainer.build import Run
 from trainer.run_dir import atomic_write
 
 FORMAT, VERSION = "attnscale-checkpoint", 1
@@ -73,6 +76,46 @@ def read(path: Path) -> dict:
             f"it is an attnscale checkpoint of format version {ckpt.get('version')!r}; this "
             f"code reads version {VERSION}."))
     return ckpt
+
+
+def save(r: Run, path: Path, full: bool = True) -> None:
+    """Write r's checkpoint (rank 0). full=False: weights and progress only, for best.pt.
+    Call on every rank: the random streams of all processes are gathered."""
+    rngs = [None] * r.world
+    if r.world > 1:
+        dist.all_gather_object(rngs, rng_state(r.device))
+    else:
+        rngs = [rng_state(r.device)]
+    if r.rank != 0:
+        return
+    content = {"model": r.raw.state_dict(), "model_config": asdict(r.model_cfg), "config": r.c,
+               "pad_id": r.data.pad_id, **r.state}
+    if full:
+        content.update(optimizer=r.optimizer.state_dict(), scheduler=r.scheduler.state_dict(),
+                       scaler=r.scaler.state_dict(), sampler=r.batcher.state_dict(), rng=rngs,
+                       world_size=r.world)
+    write(path, content)
+
+
+def restore(r: Run, path: Path) -> None:
+    """Load every piece of state the next step depends on from a last.pt checkpoint."""
+    try:
+        ckpt = read(path)
+    except CheckpointError as err:
+        raise UserError(f"Cannot resume from {err.path} (trainer.resume={r.tc.resume}): "
+                        f"{err.problem} Resume from checkpoints/last.pt of a run trained by "
+                        "this version of train.py, or start a new run without trainer.resume."
+                        ) from None
+    check_resumable(ckpt, r.c, r.model_cfg.vocab_size, path)
+    r.raw.load_state_dict(ckpt["model"])
+    r.optimizer.load_state_dict(ckpt["optimizer"])
+    r.scheduler.load_state_dict(ckpt["scheduler"])
+    if ckpt["scaler"]:   # empty when saved without fp16 (a disabled scaler has no state)
+        r.scaler.load_state_dict(ckpt["scaler"])
+    r.batcher.load_state_dict(ckpt["sampler"])
+    r.state.update({k: ckpt[k] for k in r.state})
+    rngs = ckpt["rng"]   # one per process; a run resumed on another process count uses the first
+    set_rng_state(rngs[r.rank] if len(rngs) == r.world else rngs[0], r.device)
 
 
 def rng_state(device: torch.device) -> dict:

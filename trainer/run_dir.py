@@ -14,18 +14,24 @@ moment leaves either the old or the new checkpoint, never half of one.
 """
 
 import json
+import math
 import os
 import platform
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
 
 from model.errors import UserError
+
+if TYPE_CHECKING:   # trainer.build imports nothing from here; the type is for reading only
+    from trainer.build import Run
 
 HYDRA_FILES = {".hydra"}   # what Hydra writes into a run directory before train.py starts
 
@@ -148,3 +154,48 @@ def end_segment(path: Path, **fields) -> None:
     record = json.loads(path.read_text())
     record["segments"][-1].update(fields)
     write_json(path, record)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def open_run_dir(r: "Run", run_dir: Path, resumed_from: Optional[Path],
+                 overrides: list[str]) -> MetricsLog:
+    """Print what is about to run; add this segment to run.json, copy tokenizer.json, open
+    metrics.jsonl (dropping the records of steps past the checkpoint)."""
+    print(f"data {r.c['data']['name']}: {len(r.data.train):,} train / {len(r.data.val):,} val "
+          f"tokens, vocab {r.data.vocab_size}; model {r.raw.num_params() / 1e6:.2f}M "
+          f"parameters; {r.device} {r.precision}, {torch.get_num_threads()} thread(s) x "
+          f"{r.world} process(es)"
+          + (f"; resuming from {resumed_from} at step {r.state['step']}" if resumed_from else "")
+          + ("; trainer.resume=auto found no checkpoint: starting fresh"
+             if r.tc.resume == "auto" and not resumed_from else ""))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog(run_dir / "metrics.jsonl",
+                     resume_step=r.state["step"] if resumed_from else None)
+    env = environment(r.device)
+    segment = {"started_at": now(), "start_step": r.state["step"],
+               "resumed_from": str(resumed_from) if resumed_from else None,
+               "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
+               "command": env["command"], "world_size": r.world, "precision": r.precision,
+               "compile": r.tc.compile, "device": env["device"]}
+    begin_segment(run_dir / "run.json", {
+        "config": r.c, "overrides": overrides, "model_config": asdict(r.model_cfg),
+        "n_params": r.raw.num_params(), "world_size": r.world, "precision": r.precision,
+        "compile": r.tc.compile, "resumed_from": segment["resumed_from"], "data": r.data.meta,
+        **env}, segment, resumed=resumed_from is not None)
+    shutil.copyfile(r.data.tokenizer_path, run_dir / "tokenizer.json")
+    return log
+
+
+def summarize(r: "Run", step: int, tokens_per_sec: Optional[float], diverged: bool) -> dict:
+    """summary.json's content; non-finite numbers become null (JSON has no NaN)."""
+    s = r.state
+    tokens_per_step = r.tc.batch_size * r.tc.grad_accum * r.model_cfg.block_size
+    summary = {"final_val_loss": s["final_val_loss"], "best_val_loss": s["best_val_loss"],
+               "best_step": s["best_step"], "init_val_loss": s["init_val_loss"],
+               "steps": step, "tokens": step * tokens_per_step, "tokens_per_sec": tokens_per_sec,
+               "n_params": r.raw.num_params(), "diverged": diverged, "wall_s": s["wall_s"]}
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in summary.items()}
