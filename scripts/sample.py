@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", choices=("best", "last"), default="best")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
-    # One CPU thread, as trainer.threads: on a shared 2-core machine two threads spin-wait on
-    # each other (80 tokens from the default model: 1.9 s on one thread, 29.5 s on two).
+    # One CPU thread by default: generation runs one small batch at a time, and OpenMP
+    # threads that share busy cores with other processes spin-wait on each other.
     ap.add_argument("--threads", type=int, default=1, help="CPU threads; 0 = PyTorch default")
     args = ap.parse_args(argv)
     if args.threads:
