@@ -22,6 +22,7 @@ from model.attention import ScalingConfig  # noqa: E402
 from model.errors import UserError  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from trainer import checkpoint  # noqa: E402
+from trainer.build import thread_count  # noqa: E402
 from trainer.checkpoint import CheckpointError  # noqa: E402
 
 
@@ -61,6 +62,15 @@ def sample(run_dir: Path, prompts: list[str], max_new_tokens: int, temperature: 
     return [p + tok.decode(o, skip_special_tokens=False) for p, o in zip(prompts, outs)]
 
 
+def threads_arg(value: str):
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--threads {value!r}: use auto or a number") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path)
@@ -71,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", choices=("best", "last"), default="best")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
-    # One CPU thread by default: generation runs one small batch at a time, and OpenMP
-    # threads that share busy cores with other processes spin-wait on each other.
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads; 0 = PyTorch default")
+    ap.add_argument("--threads", type=threads_arg, default="auto",
+                    help="CPU threads: auto (as trainer.threads=auto) or a number; 1 on a "
+                         "machine that other jobs keep busy; 0 = PyTorch's default")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = thread_count(args.threads)
+    if threads:
+        torch.set_num_threads(threads)
     try:
         texts = sample(args.run_dir, args.prompt or ["\n"], args.max_new_tokens,
                        args.temperature, args.top_k or None, args.checkpoint, args.seed,

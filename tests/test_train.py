@@ -58,6 +58,7 @@ def tiny(tmp_path) -> list[str]:
             "trainer.batch_size=4", "trainer.max_steps=8", "trainer.eval_every=4",
             "trainer.eval_iters=2", "trainer.log_every=1", "trainer.ckpt_every=4",
             "trainer.precision=fp32", "trainer.device=cpu", "trainer.sample_tokens=8",
+            "trainer.threads=1",
             "trainer.sample_prompts=[the king]", "optim.warmup_steps=2"]
 
 

@@ -66,8 +66,9 @@ def build(cfg: DictConfig) -> Run:
     if tc.batch_size % world:
         raise UserError(f"trainer.batch_size={tc.batch_size} must be a multiple of the number "
                         f"of processes ({world}): the global batch is split evenly.")
-    if tc.threads is not None:
-        torch.set_num_threads(tc.threads)
+    threads = thread_count(tc.threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
     device = pick_device(tc.device)
     amp = autocast_dtype(tc.precision, device)
 
@@ -96,6 +97,32 @@ def build(cfg: DictConfig) -> Run:
         scheduler=torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda epoch: lr_at(epoch + 1, optim, tc.max_steps) / optim.lr),
         scaler=torch.amp.GradScaler(device.type, enabled=amp == torch.float16))
+
+
+# trainer.threads=auto uses at most this many threads. A choice, not a measurement: this
+# repository's CPU timings come from 2 cores, so where more threads stop helping the tiny and
+# small models has not been measured; set trainer.threads to try more.
+MAX_AUTO_THREADS = 8
+
+
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity mask: a container's or taskset's limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+def thread_count(threads) -> Optional[int]:
+    """trainer.threads as a number (None: leave torch's count alone). auto: OMP_NUM_THREADS
+    if set, else the available cores shared by this machine's processes (torchrun's
+    LOCAL_WORLD_SIZE), at most MAX_AUTO_THREADS."""
+    if threads != "auto":
+        return threads
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]):
+        return int(os.environ["OMP_NUM_THREADS"])
+    per_process = available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(MAX_AUTO_THREADS, per_process))
 
 
 def pick_device(name: str) -> torch.device:

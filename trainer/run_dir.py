@@ -23,15 +23,13 @@ import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from model.errors import UserError
-
-if TYPE_CHECKING:   # trainer.build imports nothing from here; the type is for reading only
-    from trainer.build import Run
+from trainer.build import MAX_AUTO_THREADS, Run, available_cores
 
 HYDRA_FILES = {".hydra"}   # what Hydra writes into a run directory before train.py starts
 
@@ -160,14 +158,16 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def open_run_dir(r: "Run", run_dir: Path, resumed_from: Optional[Path],
+def open_run_dir(r: Run, run_dir: Path, resumed_from: Optional[Path],
                  overrides: list[str]) -> MetricsLog:
     """Print what is about to run; add this segment to run.json, copy tokenizer.json, open
     metrics.jsonl (dropping the records of steps past the checkpoint)."""
     print(f"data {r.c['data']['name']}: {len(r.data.train):,} train / {len(r.data.val):,} val "
           f"tokens, vocab {r.data.vocab_size}; model {r.raw.num_params() / 1e6:.2f}M "
-          f"parameters; {r.device} {r.precision}, {torch.get_num_threads()} thread(s) x "
-          f"{r.world} process(es)"
+          f"parameters; {r.device} {r.precision}, {torch.get_num_threads()} thread(s)"
+          + (f" (trainer.threads=auto: {available_cores()} core(s) available, at most "
+             f"{MAX_AUTO_THREADS})" if r.tc.threads == "auto" else "")
+          + f" x {r.world} process(es)"
           + (f"; resuming from {resumed_from} at step {r.state['step']}" if resumed_from else "")
           + ("; trainer.resume=auto found no checkpoint: starting fresh"
              if r.tc.resume == "auto" and not resumed_from else ""))
@@ -189,7 +189,7 @@ def open_run_dir(r: "Run", run_dir: Path, resumed_from: Optional[Path],
     return log
 
 
-def summarize(r: "Run", step: int, tokens_per_sec: Optional[float], diverged: bool) -> dict:
+def summarize(r: Run, step: int, tokens_per_sec: Optional[float], diverged: bool) -> dict:
     """summary.json's content; non-finite numbers become null (JSON has no NaN)."""
     s = r.state
     tokens_per_step = r.tc.batch_size * r.tc.grad_accum * r.model_cfg.block_size
