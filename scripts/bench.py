@@ -19,7 +19,7 @@ How it measures (these machines are shared and noisy, so absolute times drift):
   keeps no peak counter). Scratch memory that oneDNN allocates outside PyTorch is not seen.
 - MFU = model.flops_per_token(T) x tokens/s / peak matmul rate, where the peak is the best rate
   of a square matmul measured here in the step's dtype, not a datasheet figure.
-- The training step is train.py's own: each case is what `python train.py <overrides>` builds
+- The training step is the one train.py runs: each case is what `python train.py <overrides>` builds
   (trainer.build.build: model, AdamW groups, schedule, precision, compile), stepped with
   trainer.step.train_step (batch fetch, forward, backward, clipping, AdamW, schedule).
 - The data is a corpus of random characters as long as the Shakespeare training split, with
@@ -271,7 +271,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 class StepCase:
     """One training run as train.py builds it (model, optimizer, schedule, precision, compile,
-    batches), stepped with train.py's train_step."""
+    batches), stepped with trainer.step.train_step."""
 
     def __init__(self, cfg: StepConfig, precision: str, compile_: bool, data: list[str],
                  device: torch.device):
@@ -351,7 +351,7 @@ def data_row(name: str, times: dict) -> dict:
 # ---------------------------------------------------------------- 4. host-device syncs
 
 def check_syncs(args, device: torch.device, folder: Path, n_steps: int = 5) -> dict:
-    """Host-device synchronisations in train.py's train_step (a non-logging step), on CUDA.
+    """Host-device synchronisations in trainer.step.train_step (a non-logging step), on CUDA.
 
     torch.cuda.set_sync_debug_mode("warn") warns at every synchronising call (.item(), a
     blocking copy, ...); the warnings of n_steps steps after a warm-up step are counted.
