@@ -65,10 +65,9 @@ def sample(run_dir: Path, prompts: list[str], max_new_tokens: int, temperature: 
 def threads_arg(value: str):
     if value == "auto":
         return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--threads {value!r}: use auto or a number") from None
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"--threads {value!r}: use auto or a number >= 0")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
