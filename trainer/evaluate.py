@@ -7,6 +7,7 @@ random numbers, so evaluating never changes what training does next.
 
 import math
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -42,7 +43,8 @@ def attention_record(r: Run) -> dict:
             "attn_saturated": [s["saturated"].mean().item() for s in stats]}
 
 
-def evaluate(r: Run, step: int, lr: float, tokens_per_sec) -> tuple[dict, bool]:
+def evaluate(r: Run, step: int, lr: float,
+             tokens_per_sec: Optional[float]) -> tuple[dict, bool]:
     """The eval record of `step` (diagnostics on rank 0 only) and whether val_loss is the best
     so far; updates r.state (best, final and initial validation loss)."""
     val_loss = estimate_loss(r.model, r.val_batches, r.ctx, r.device)
