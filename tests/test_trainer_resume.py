@@ -110,9 +110,14 @@ def start(args: list[str]) -> subprocess.Popen:
 def stop_once_training(proc: subprocess.Popen, folder: Path,
                        allowed=(128 + signal.SIGTERM,)) -> str:
     """SIGTERM as soon as some run under `folder` has logged a training step; its stderr."""
+    def training() -> bool:
+        try:
+            return any(records(m.parent, "train") for m in folder.rglob("metrics.jsonl"))
+        except ValueError:   # a line read while it was being written
+            return False
+
     deadline = time.time() + 120
-    while time.time() < deadline and not any(
-            records(m.parent, "train") for m in folder.rglob("metrics.jsonl")):
+    while time.time() < deadline and not training():
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
@@ -146,7 +151,7 @@ def check_sweep_resumes(tiny, sweep: Path, args: list[str]):  # noqa: F811
     stderr = stop_once_training(start(args), sweep)
     (stopped,) = job_folders(sweep)
     assert "=" in stopped.name and not (stopped / "summary.json").exists()
-    steps = 40
+    steps = STEPS
 
     job = shell(printed(stderr, "this run"))
     assert job.returncode == 0, job.stderr
@@ -165,7 +170,9 @@ def check_sweep_resumes(tiny, sweep: Path, args: list[str]):  # noqa: F811
         assert [r["step"] for r in records(folder, "train")] == list(range(1, steps + 1))
 
 
-SHORT = ["trainer.max_steps=40", "trainer.eval_every=20", "trainer.ckpt_every=20",
+# Long enough (a few seconds a job) that the signal lands while the first job trains.
+STEPS = 400
+SHORT = [f"trainer.max_steps={STEPS}", "trainer.eval_every=200", "trainer.ckpt_every=200",
          "trainer.log_every=1"]
 
 
@@ -194,7 +201,7 @@ def test_a_plain_run_prints_a_resume_command_that_works(tiny, tmp_path):  # noqa
     command = printed(stderr, "this run")
     assert shlex.split(command)[:2] == ["python", "train.py"]
     assert shell(command).returncode == 0
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 40
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
 
 
 @pytest.mark.slow
