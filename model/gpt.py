@@ -170,11 +170,14 @@ class GPT(nn.Module):
         return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
 
     def forward(self, idx: Tensor, targets: Optional[Tensor] = None,
-                valid_mask: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
-        """idx (B, T) long -> (logits (B, T, V) float, mean cross-entropy or None).
+                valid_mask: Optional[Tensor] = None,
+                reduction: str = "mean") -> tuple[Tensor, Optional[Tensor]]:
+        """idx (B, T) long -> (logits (B, T, V) float, cross-entropy or None).
 
         targets (B, T) long, IGNORE_INDEX where there is nothing to predict (padding).
         valid_mask (B, T) bool, True = real token; None = every token is real.
+        reduction "mean" (over real targets) or "sum": the trainer sums token losses over
+        micro-batches and processes and divides once by their count of real targets.
         """
         x = self._hidden(idx, valid_mask)
         for block in self.blocks:
@@ -183,18 +186,28 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                                   ignore_index=IGNORE_INDEX)  # (B*T, V) vs (B*T,)
+                                   ignore_index=IGNORE_INDEX,
+                                   reduction=reduction)  # (B*T, V) vs (B*T,)
         return logits.float(), loss
 
     @torch.no_grad()
     def attention_stats(self, idx: Tensor, valid_mask: Optional[Tensor] = None
                         ) -> list[dict[str, Tensor]]:
-        """Per layer: {"entropy", "max_logit", "saturated"}, each (H,), via the explicit path."""
-        x = self._hidden(idx, valid_mask)
-        stats = []
-        for block in self.blocks:
-            x, layer_stats = block(x, valid_mask, return_stats=True)
-            stats.append(layer_stats)
+        """Per layer: {"entropy", "max_logit", "saturated"}, each (H,), via the explicit path.
+
+        Always in eval mode (dropout off), so the numbers describe the model itself and no
+        random stream is consumed; the module's training mode is restored afterwards.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            x = self._hidden(idx, valid_mask)
+            stats = []
+            for block in self.blocks:
+                x, layer_stats = block(x, valid_mask, return_stats=True)
+                stats.append(layer_stats)
+        finally:
+            self.train(was_training)
         return stats
 
     @torch.no_grad()

@@ -19,9 +19,9 @@ How it measures (these machines are shared and noisy, so absolute times drift):
   keeps no peak counter). Scratch memory that oneDNN allocates outside PyTorch is not seen.
 - MFU = model.flops_per_token(T) x tokens/s / peak matmul rate, where the peak is the best rate
   of a square matmul measured here in the step's dtype, not a datasheet figure.
-- The training step is train.py's own: each case is what `python train.py <overrides>` builds
-  (train.build: model, AdamW groups, schedule, precision, compile), stepped with
-  train.train_step (batch fetch, forward, backward, clipping, AdamW, schedule).
+- The training step is the one train.py runs: each case is what `python train.py <overrides>` builds
+  (trainer.build.build: model, AdamW groups, schedule, precision, compile), stepped with
+  trainer.step.train_step (batch fetch, forward, backward, clipping, AdamW, schedule).
 - The data is a corpus of random characters as long as the Shakespeare training split, with
   exactly the config's vocabulary (65 ids: nanoGPT's character vocabulary), prepared by
   data.prepare into a token cache in a temporary folder and batched by data.batching.Batcher
@@ -60,9 +60,10 @@ sys.path.insert(0, str(ROOT))
 
 from data.batching import Batcher  # noqa: E402
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig  # noqa: E402
-from train import autocast_dtype, build, precision_name, to_device, train_step  # noqa: E402
+from trainer.build import autocast_dtype, build, precision_name  # noqa: E402
 from trainer.run_dir import cpu_name  # noqa: E402
 from trainer.schema import register_configs  # noqa: E402
+from trainer.step import to_device, train_step  # noqa: E402
 
 # nanoGPT's float32 training step for its CPU configuration, measured on this machine kind with
 # its README command (issue 6): the reference our step is compared with.
@@ -270,7 +271,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 class StepCase:
     """One training run as train.py builds it (model, optimizer, schedule, precision, compile,
-    batches), stepped with train.py's train_step."""
+    batches), stepped with trainer.step.train_step."""
 
     def __init__(self, cfg: StepConfig, precision: str, compile_: bool, data: list[str],
                  device: torch.device):
@@ -289,9 +290,7 @@ class StepCase:
                                f"not the {cfg.vocab_size} the config asks for")
 
     def step(self) -> None:
-        r = self.run
-        train_step(r.ddp, r.raw, r.batcher, r.optimizer, r.scheduler, r.scaler, r.ctx, r.tc,
-                   r.optim, r.device, want_qk=False)
+        train_step(self.run, want_qk=False)
 
 
 def bench_steps(args, device: torch.device, folder: Path) -> tuple:
@@ -352,7 +351,7 @@ def data_row(name: str, times: dict) -> dict:
 # ---------------------------------------------------------------- 4. host-device syncs
 
 def check_syncs(args, device: torch.device, folder: Path, n_steps: int = 5) -> dict:
-    """Host-device synchronisations in train.py's train_step (a non-logging step), on CUDA.
+    """Host-device synchronisations in trainer.step.train_step (a non-logging step), on CUDA.
 
     torch.cuda.set_sync_debug_mode("warn") warns at every synchronising call (.item(), a
     blocking copy, ...); the warnings of n_steps steps after a warm-up step are counted.

@@ -21,12 +21,20 @@ from data.tokenizer import encode  # noqa: E402
 from model.attention import ScalingConfig  # noqa: E402
 from model.errors import UserError  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
-from trainer.run_dir import load_checkpoint  # noqa: E402
+from trainer import checkpoint  # noqa: E402
+from trainer.build import thread_count  # noqa: E402
+from trainer.checkpoint import CheckpointError  # noqa: E402
 
 
 def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, int]:
     """The run's model with the weights of checkpoints/<which>.pt, and its pad id."""
-    ckpt = load_checkpoint(run_dir / "checkpoints" / f"{which}.pt")
+    path = run_dir / "checkpoints" / f"{which}.pt"
+    try:
+        ckpt = checkpoint.read(path)
+    except CheckpointError as err:
+        raise UserError(f"Cannot sample from {err.path}: {err.problem} Sample from a run "
+                        "directory trained by this version of train.py (it reads "
+                        "checkpoints/best.pt, or last.pt with --checkpoint last).") from None
     fields = dict(ckpt["model_config"])
     config = GPTConfig(**{**fields, "scaling": ScalingConfig(**fields["scaling"])})
     model = GPT(config)
@@ -38,8 +46,12 @@ def sample(run_dir: Path, prompts: list[str], max_new_tokens: int, temperature: 
            top_k: int | None, which: str = "best", seed: int = 0,
            device: str = "cpu") -> list[str]:
     """Continuations (prompt included) of each prompt, generated as one batch."""
-    tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
     model, pad_id = load_model(run_dir, which, torch.device(device))
+    if not (run_dir / "tokenizer.json").is_file():
+        raise UserError(f"Cannot sample from {run_dir}: it has no tokenizer.json. Pass the run "
+                        "directory that train.py wrote (it holds tokenizer.json and "
+                        "checkpoints/).")
+    tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
     ids = [encode(tok, p) for p in prompts]
     if any(len(i) == 0 for i in ids):
         raise UserError("Every --prompt must encode to at least one token; pass e.g. "
@@ -48,6 +60,14 @@ def sample(run_dir: Path, prompts: list[str], max_new_tokens: int, temperature: 
     outs = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k,
                           pad_id=pad_id, generator=gen)
     return [p + tok.decode(o, skip_special_tokens=False) for p, o in zip(prompts, outs)]
+
+
+def threads_arg(value: str):
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"--threads {value!r}: use auto or a number >= 0")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", choices=("best", "last"), default="best")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
-    # One CPU thread, as trainer.threads: on a shared 2-core machine two threads spin-wait on
-    # each other (80 tokens from the default model: 1.9 s on one thread, 29.5 s on two).
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads; 0 = PyTorch default")
+    ap.add_argument("--threads", type=threads_arg, default="auto",
+                    help="CPU threads: auto (as trainer.threads=auto) or a number; 1 on a "
+                         "machine that other jobs keep busy; 0 = PyTorch's default")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = thread_count(args.threads)
+    if threads:
+        torch.set_num_threads(threads)
     try:
         texts = sample(args.run_dir, args.prompt or ["\n"], args.max_new_tokens,
                        args.temperature, args.top_k or None, args.checkpoint, args.seed,

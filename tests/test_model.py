@@ -203,23 +203,47 @@ def test_dropout_only_in_training():
 
 # ---------------------------------------------------------------- attention statistics
 
-def test_attention_stats_per_layer():
+def test_attention_stats_are_each_layers_own_on_its_input():
+    """Layer l's statistics are its attention module's, on layer l's input (the output of the
+    blocks before it) with the padding mask."""
     idx = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
     valid = torch.ones(3, 12, dtype=torch.bool)
     valid[1, :6] = False
-    stats = tiny(attn_impl="sdpa").attention_stats(idx, valid)
-    assert len(stats) == 2
-    for layer in stats:
-        assert set(layer) == {"entropy", "max_logit", "saturated", "raw_var", "raw_max_logit"}
-        assert all(v.shape == (2,) and v.isfinite().all() for v in layer.values())
-    # layer 0 by hand: its input is ln_1(embeddings) and its stats come from the module
     model = tiny()
+    stats = model.attention_stats(idx, valid)
+    assert len(stats) == 2
     with torch.no_grad():
         pos = (valid.long().cumsum(1) - 1).clamp(min=0)
-        x = model.blocks[0].ln_1(model.wte(idx) + model.wpe(pos))
-        _, info = model.blocks[0].attn(x, valid_mask=valid, return_stats=True)
-    for key in info.stats:
-        assert torch.allclose(stats[0][key], info.stats[key], atol=1e-6)
+        x = model.wte(idx) + model.wpe(pos)
+        for block, layer in zip(model.blocks, stats, strict=True):
+            assert set(layer) == {"entropy", "max_logit", "saturated", "raw_var",
+                                  "raw_max_logit"}
+            assert all(v.shape == (2,) and v.isfinite().all() for v in layer.values())
+            _, info = block.attn(block.ln_1(x), causal=True, valid_mask=valid,
+                                 return_stats=True)
+            for key in info.stats:
+                assert torch.allclose(layer[key], info.stats[key], atol=1e-6), key
+            x = block(x, valid)
+    # the mask reaches every layer: without it the padded row changes the statistics
+    unmasked = model.attention_stats(idx)
+    assert not torch.allclose(unmasked[1]["entropy"], stats[1]["entropy"])
+
+
+def test_attention_stats_ignore_dropout_keep_rng_and_mode():
+    """With dropout on and the model in training mode, the statistics are those of eval mode,
+    draw nothing from the global RNG, and leave the model in training mode."""
+    idx = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
+    model = tiny(dropout=0.5)
+    reference = model.eval().attention_stats(idx)
+    model.train()
+    torch.manual_seed(7)
+    rng = torch.get_rng_state()
+    stats = model.attention_stats(idx)
+    assert model.training and all(m.training for m in model.modules())
+    assert torch.equal(torch.get_rng_state(), rng)
+    for a, b in zip(stats, reference, strict=True):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
 
 
 # ---------------------------------------------------------------- generation

@@ -1,6 +1,8 @@
 """Everything a training run writes into its run directory, and reads back on resume.
 
-    run.json          resolved config, overrides, git commit, library versions, device
+    run.json          resolved config, overrides, git commit, library versions, device; and
+                      "segments": one record per start or resume (git commit, command, times,
+                      step range, how it ended)
     metrics.jsonl     one JSON object per logged step ("kind": "train") and evaluation ("eval")
     summary.json      written once, when the run ends (or diverges)
     tokenizer.json    copy of the tokenizer the run used
@@ -12,12 +14,14 @@ moment leaves either the old or the new checkpoint, never half of one.
 """
 
 import json
+import math
 import os
 import platform
-import random
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +29,7 @@ import numpy as np
 import torch
 
 from model.errors import UserError
+from trainer.build import MAX_AUTO_THREADS, Run, available_cores
 
 HYDRA_FILES = {".hydra"}   # what Hydra writes into a run directory before train.py starts
 
@@ -102,9 +107,7 @@ class MetricsLog:
     def __init__(self, path: Path, resume_step: Optional[int] = None):
         self.path = path
         if resume_step is not None and path.exists():
-            # Records past the checkpoint belong to steps that are about to be redone.
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            kept = [json.dumps(r) for r in read_metrics(path) if r["step"] <= resume_step]
             atomic_write(path, lambda f: f.write("".join(k + "\n" for k in kept).encode()))
         self.file = open(path, "a", buffering=1)
 
@@ -115,54 +118,84 @@ class MetricsLog:
         self.file.close()
 
 
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+def read_metrics(path: Path) -> list[dict]:
+    """The records of metrics.jsonl. A last line that is not JSON was torn by a kill in the
+    middle of a write and is dropped (its step is redone on resume); a bad line anywhere else
+    is damage this code did not make, and is reported."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise UserError(f"{path} line {number} is not JSON, and it is not the last line "
+                            "(only a last line can be torn by an interrupted write). Repair "
+                            "or delete that line, or start a new run without trainer.resume."
+                            ) from None
+    return records
 
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def begin_segment(path: Path, run: dict, segment: dict, resumed: bool) -> None:
+    """run.json: what the run is, as its first segment wrote it, and one record per segment
+    (each start or resume). A resumed run keeps what is there and appends its segment."""
+    record = json.loads(path.read_text()) if resumed and path.exists() else run
+    record["segments"] = [*record.get("segments", []), segment]
+    write_json(path, record)
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: torch.save(state, f))
+def end_segment(path: Path, **fields) -> None:
+    """Complete the last segment of run.json (end step, end time, how it ended)."""
+    record = json.loads(path.read_text())
+    record["segments"][-1].update(fields)
+    write_json(path, record)
 
 
-def load_checkpoint(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"trainer.resume: no checkpoint at {path}. Pass trainer.resume=auto "
-                        "with hydra.run.dir=<run dir>, or the path of a .pt file in a run's "
-                        "checkpoints/ folder.")
-    # weights_only=False: the file holds RNG states (numpy arrays, tuples) written by this code.
-    return torch.load(path, map_location="cpu", weights_only=False)
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-# Model settings that may change on resume: they change how, not what, is computed.
-RESUMABLE_MODEL_FIELDS = ("attn_impl", "dropout")
+def open_run_dir(r: Run, run_dir: Path, resumed_from: Optional[Path],
+                 overrides: list[str]) -> MetricsLog:
+    """Print what is about to run; add this segment to run.json, copy tokenizer.json, open
+    metrics.jsonl (dropping the records of steps past the checkpoint)."""
+    print(f"data {r.c['data']['name']}: {len(r.data.train):,} train / {len(r.data.val):,} val "
+          f"tokens, vocab {r.data.vocab_size}; model {r.raw.num_params() / 1e6:.2f}M "
+          f"parameters; {r.device} {r.precision}, {torch.get_num_threads()} thread(s)"
+          + (f" (trainer.threads=auto: {available_cores()} core(s) available, at most "
+             f"{MAX_AUTO_THREADS})" if r.tc.threads == "auto" else "")
+          + f" x {r.world} process(es)"
+          + (f"; resuming from {resumed_from} at step {r.state['step']}" if resumed_from else "")
+          + ("; trainer.resume=auto found no checkpoint: starting fresh"
+             if r.tc.resume == "auto" and not resumed_from else ""))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog(run_dir / "metrics.jsonl",
+                     resume_step=r.state["step"] if resumed_from else None)
+    env = environment(r.device)
+    segment = {"started_at": now(), "start_step": r.state["step"],
+               "resumed_from": str(resumed_from) if resumed_from else None,
+               "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
+               "command": env["command"], "world_size": r.world, "precision": r.precision,
+               "compile": r.tc.compile, "device": env["device"]}
+    begin_segment(run_dir / "run.json", {
+        "config": r.c, "overrides": overrides, "model_config": asdict(r.model_cfg),
+        "n_params": r.raw.num_params(), "world_size": r.world, "precision": r.precision,
+        "compile": r.tc.compile, "resumed_from": segment["resumed_from"], "data": r.data.meta,
+        **env}, segment, resumed=resumed_from is not None)
+    shutil.copyfile(r.data.tokenizer_path, run_dir / "tokenizer.json")
+    return log
 
 
-def check_same_model(saved: dict, current: dict, path: Path) -> None:
-    """Refuse to resume into a model whose config differs from the checkpoint's."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-        return out
-
-    old, new = flat(saved), flat(current)
-    diff = [k for k in sorted(old.keys() | new.keys())
-            if k not in RESUMABLE_MODEL_FIELDS and old.get(k) != new.get(k)]
-    if diff:
-        listed = "; ".join(f"{k if k.startswith('scaling.') else 'model.' + k}: "
-                           f"checkpoint {old.get(k)!r}, now {new.get(k)!r}" for k in diff)
-        raise UserError(f"Cannot resume from {path}: the model config differs from the "
-                        f"checkpoint's ({listed}). Resume with the checkpoint's settings, or "
-                        "start a new run without trainer.resume.")
+def summarize(r: Run, step: int, tokens_per_sec: Optional[float], diverged: bool) -> dict:
+    """summary.json's content; non-finite numbers become null (JSON has no NaN)."""
+    s = r.state
+    tokens_per_step = r.tc.batch_size * r.tc.grad_accum * r.model_cfg.block_size
+    summary = {"final_val_loss": s["final_val_loss"], "best_val_loss": s["best_val_loss"],
+               "best_step": s["best_step"], "init_val_loss": s["init_val_loss"],
+               "steps": step, "tokens": step * tokens_per_step, "tokens_per_sec": tokens_per_sec,
+               "n_params": r.raw.num_params(), "diverged": diverged, "wall_s": s["wall_s"]}
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in summary.items()}

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
@@ -67,7 +67,7 @@ class TrainerConfig:
     precision: str = "auto"            # auto | fp32 | bf16 | fp16
     compile: bool = False
     device: str = "auto"               # auto | cpu | cuda | cuda:N | mps
-    threads: Optional[int] = None      # CPU intra-op threads; null = PyTorch's default
+    threads: Any = "auto"              # CPU intra-op threads: auto | N | null (leave as is)
     seed: int = 1337
     resume: Optional[str] = None       # null | auto | path/to/checkpoint.pt
     on_nan: str = "stop"               # stop | raise
@@ -87,8 +87,11 @@ class TrainerConfig:
             raise _bad("trainer.on_nan", self.on_nan, f"choose {' | '.join(ON_NAN)}.")
         if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
             raise _bad("trainer.device", self.device, "choose auto, cpu, cuda, cuda:N or mps.")
-        if self.threads is not None and self.threads < 1:
-            raise _bad("trainer.threads", self.threads, "use null (PyTorch's default) or >= 1.")
+        if not (self.threads in ("auto", None) or (
+                isinstance(self.threads, int) and not isinstance(self.threads, bool)
+                and self.threads >= 1)):
+            raise _bad("trainer.threads", self.threads, "use auto, a number of threads >= 1, "
+                       "or null (leave PyTorch's count as it is).")
         if self.sample_tokens < 0 or self.sample_temperature < 0:
             raise _bad("trainer.sample_tokens/sample_temperature",
                        (self.sample_tokens, self.sample_temperature), "use values >= 0.")

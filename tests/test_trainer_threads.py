@@ -1,0 +1,65 @@
+"""trainer.threads: auto (the available cores, capped), an explicit number, or null."""
+
+import os
+
+import pytest
+import torch
+from test_train import make_config, tiny  # noqa: F401 (tiny is a fixture)
+
+import train
+from model.errors import ConfigError
+from trainer.build import MAX_AUTO_THREADS, thread_count
+from trainer.schema import TrainerConfig
+
+
+@pytest.fixture
+def cores(monkeypatch):
+    """Pretend this process may run on n CPUs, with no OMP_NUM_THREADS and no torchrun."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+    def set_cores(n: int):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(n)))
+    return set_cores
+
+
+@pytest.mark.parametrize("n, expected", [(1, 1), (3, 3), (MAX_AUTO_THREADS, MAX_AUTO_THREADS),
+                                         (64, MAX_AUTO_THREADS)])
+def test_auto_uses_the_available_cores_up_to_the_cap(cores, n, expected):
+    cores(n)
+    assert thread_count("auto") == expected
+
+
+def test_auto_shares_the_cores_among_torchrun_processes(cores, monkeypatch):
+    cores(6)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert thread_count("auto") == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "12")
+    assert thread_count("auto") == 1
+
+
+def test_auto_follows_omp_num_threads_when_set(cores, monkeypatch):
+    cores(16)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert thread_count("auto") == 2
+
+
+def test_explicit_counts_and_null_are_kept():
+    assert thread_count(3) == 3 and thread_count(None) is None
+
+
+@pytest.mark.parametrize("bad", ["many", 0, -1, True, 1.5])
+def test_bad_thread_settings_are_refused(bad):
+    with pytest.raises(ConfigError, match="trainer.threads"):
+        TrainerConfig(threads=bad)
+
+
+def test_auto_is_the_default_and_is_printed(tiny, tmp_path, cores, capsys,  # noqa: F811
+                                            single_thread):
+    assert make_config([]).trainer.threads == "auto"
+    cores(1)
+    overrides = [o for o in tiny if not o.startswith("trainer.threads=")]
+    train.train(make_config([*overrides, "trainer.max_steps=1"]), tmp_path / "run")
+    assert torch.get_num_threads() == 1
+    assert ("1 thread(s) (trainer.threads=auto: 1 core(s) available, at most "
+            f"{MAX_AUTO_THREADS})") in capsys.readouterr().out

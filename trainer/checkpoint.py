@@ -1,0 +1,182 @@
+"""The checkpoint format, and reading a checkpoint without trusting it.
+
+A checkpoint holds tensors and plain containers only (dict, list, tuple, str, int, float,
+bool, None), so it is read with `torch.load(weights_only=True)`: opening a file someone hands
+you runs no code from it.
+
+    format, version     "attnscale-checkpoint", 1
+    model               state dict of the plain (uncompiled, unwrapped) GPT
+    model_config        GPTConfig as a dict, scaling nested
+    config              the run's resolved config: model, data, scaling, optim, trainer
+    pad_id              the tokenizer's padding id (for sampling)
+    step, best_val_loss, best_step, init_val_loss, final_val_loss, wall_s
+
+checkpoints/last.pt adds the whole training state; best.pt is weights and the fields above:
+
+    optimizer, scheduler, scaler, sampler    their state dicts
+    rng                 one entry per process (see `rng_state`)
+    world_size          the number of processes that wrote it
+"""
+
+import random
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from model.errors import UserError
+from trainer.build import Run
+from trainer.run_dir import atomic_write
+
+FORMAT, VERSION = "attnscale-checkpoint", 1
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used; `problem` says why, callers say what to do."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = path, problem
+
+
+def write(path: Path, content: dict) -> None:
+    """Write `content` (tensors and plain containers) with the format header."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    content = {"format": FORMAT, "version": VERSION, **content}
+    atomic_write(path, lambda f: torch.save(content, f))
+
+
+def read(path: Path) -> dict:
+    """The checkpoint at `path`, or CheckpointError naming what is wrong with the file."""
+    if not path.is_file():
+        raise CheckpointError(path, "there is no such file.")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch's advice on legacy formats, not ours
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:   # torch raises KeyError, EOFError, RuntimeError, UnpicklingError
+        if "Weights only load failed" in str(err):
+            raise CheckpointError(path, (
+                "it holds Python objects other than tensors and plain containers, so it was "
+                "not opened (unpickling them could run code); checkpoints of older attnscale "
+                "versions and other programs' files look like this.")) from None
+        first_line = (str(err).splitlines() or [""])[0][:120]
+        raise CheckpointError(path, (
+            f"it is not a readable PyTorch file ({type(err).__name__}: {first_line}); it is "
+            "truncated, corrupt or not a checkpoint.")) from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(path, (
+            "it is a PyTorch file but not an attnscale checkpoint (it has no format entry "
+            f"{FORMAT!r}): another program's file, or one from an older attnscale version."))
+    if ckpt.get("version") != VERSION:
+        raise CheckpointError(path, (
+            f"it is an attnscale checkpoint of format version {ckpt.get('version')!r}; this "
+            f"code reads version {VERSION}."))
+    return ckpt
+
+
+def save(r: Run, path: Path, full: bool = True) -> None:
+    """Write r's checkpoint (rank 0). full=False: weights and progress only, for best.pt.
+    Call on every rank: the random streams of all processes are gathered."""
+    rngs = [None] * r.world
+    if r.world > 1:
+        dist.all_gather_object(rngs, rng_state(r.device))
+    else:
+        rngs = [rng_state(r.device)]
+    if r.rank != 0:
+        return
+    content = {"model": r.raw.state_dict(), "model_config": asdict(r.model_cfg), "config": r.c,
+               "pad_id": r.data.pad_id, **r.state}
+    if full:
+        content.update(optimizer=r.optimizer.state_dict(), scheduler=r.scheduler.state_dict(),
+                       scaler=r.scaler.state_dict(), sampler=r.batcher.state_dict(), rng=rngs,
+                       world_size=r.world)
+    write(path, content)
+
+
+def restore(r: Run, path: Path) -> None:
+    """Load every piece of state the next step depends on from a last.pt checkpoint."""
+    try:
+        ckpt = read(path)
+    except CheckpointError as err:
+        raise UserError(f"Cannot resume from {err.path} (trainer.resume={r.tc.resume}): "
+                        f"{err.problem} Resume from checkpoints/last.pt of a run trained by "
+                        "this version of train.py, or start a new run without trainer.resume."
+                        ) from None
+    check_resumable(ckpt, r.c, r.model_cfg.vocab_size, path)
+    r.raw.load_state_dict(ckpt["model"])
+    r.optimizer.load_state_dict(ckpt["optimizer"])
+    r.scheduler.load_state_dict(ckpt["scheduler"])
+    if ckpt["scaler"]:   # empty when saved without fp16 (a disabled scaler has no state)
+        r.scaler.load_state_dict(ckpt["scaler"])
+    r.batcher.load_state_dict(ckpt["sampler"])
+    r.state.update({k: ckpt[k] for k in r.state})
+    rngs = ckpt["rng"]   # one per process; a run resumed on another process count uses the first
+    set_rng_state(rngs[r.rank] if len(rngs) == r.world else rngs[0], r.device)
+
+
+def rng_state(device: torch.device) -> dict:
+    """This process's random streams as tensors and numbers: Python's, NumPy's, torch's CPU
+    generator and, on a GPU, this process's own device generator only."""
+    py_version, py_keys, py_gauss = random.getstate()
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {"python": torch.tensor(py_keys, dtype=torch.int64), "python_version": py_version,
+             "python_gauss": py_gauss,
+             "numpy": torch.from_numpy(np_keys.astype(np.int64)), "numpy_pos": int(np_pos),
+             "numpy_gauss": [int(np_has_gauss), float(np_gauss)],
+             "torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what `rng_state` saved; a saved CUDA stream goes to this process's device."""
+    random.setstate((state["python_version"], tuple(state["python"].tolist()),
+                     state["python_gauss"]))
+    has_gauss, gauss = state["numpy_gauss"]
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32),
+                         state["numpy_pos"], has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# Settings that may differ between a checkpoint and the run resuming from it: how long to
+# train, how often to look, where and how fast to compute, what to sample at the end. Every
+# other key of the config (optim, data, seed, batch sizes, model) must match.
+MAY_CHANGE_ON_RESUME = (
+    "trainer.max_steps", "trainer.eval_every", "trainer.log_every", "trainer.ckpt_every",
+    "trainer.device", "trainer.threads", "trainer.compile", "trainer.precision",
+    "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
+    "trainer.sample_temperature", "trainer.sample_top_k", "data.cache_dir", "model.attn_impl",
+)
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def check_resumable(ckpt: dict, config: dict, vocab_size: int, path: Path) -> None:
+    """Refuse to resume from `ckpt` into a run whose settings differ, naming the keys."""
+    if "optimizer" not in ckpt:
+        raise UserError(f"Cannot resume from {path}: it holds weights only (a best.pt); "
+                        "resume from checkpoints/last.pt, which holds the whole training state.")
+    # the vocabulary size is not a setting but follows from the data's tokenizer
+    saved = {**flat(ckpt["config"]), "model.vocab_size": ckpt["model_config"]["vocab_size"]}
+    now = {**flat(config), "model.vocab_size": vocab_size}
+    diff = [k for k in sorted(saved.keys() | now.keys())
+            if k not in MAY_CHANGE_ON_RESUME and saved.get(k) != now.get(k)]
+    if diff:
+        listed = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in diff)
+        raise UserError(f"Cannot resume from {path}: the settings differ from the checkpoint's "
+                        f"({listed}). Resume with the checkpoint's settings, or start a new run "
+                        f"without trainer.resume. Only {', '.join(MAY_CHANGE_ON_RESUME)} may "
+                        "change on resume.")

@@ -1,0 +1,86 @@
+"""Evaluation: the losses on fixed batches, the attention diagnostics, and the samples.
+
+Losses are weighted by real target tokens (as in trainer/step.py) and summed over processes.
+The attention diagnostics come from `GPT.attention_stats`, which runs in eval mode and draws no
+random numbers, so evaluating never changes what training does next.
+"""
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from model.gpt import IGNORE_INDEX
+from trainer import checkpoint
+from trainer.build import Run
+from trainer.step import all_reduce_sum, to_device
+
+
+@torch.no_grad()
+def estimate_loss(model, batches, ctx, device) -> float:
+    """Mean loss over every real target of the fixed batches of all processes, in eval mode."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, device=device)   # (sum of token losses, number of real targets)
+    for batch in batches:
+        idx, targets, valid = to_device(batch, device)
+        with ctx:
+            loss_sum = model(idx, targets, valid, reduction="sum")[1].float()
+        total += torch.stack([loss_sum, (targets != IGNORE_INDEX).sum().float()])
+    model.train(was_training)
+    loss_sum, count = all_reduce_sum(total).tolist()
+    return loss_sum / count
+
+
+def attention_record(r: Run) -> dict:
+    """Per-layer attention diagnostics on the first fixed validation batch: mean entropy over
+    heads, max |logit| over heads, mean fraction of saturated rows over heads."""
+    idx, _, valid = to_device(r.val_batches[0], r.device)
+    stats = r.raw.attention_stats(idx, valid)
+    return {"attn_entropy": [s["entropy"].mean().item() for s in stats],
+            "attn_max_logit": [s["max_logit"].max().item() for s in stats],
+            "attn_saturated": [s["saturated"].mean().item() for s in stats]}
+
+
+def evaluate(r: Run, step: int, lr: float,
+             tokens_per_sec: Optional[float]) -> tuple[dict, bool]:
+    """The eval record of `step` (diagnostics on rank 0 only) and whether val_loss is the best
+    so far; updates r.state (best, final and initial validation loss)."""
+    val_loss = estimate_loss(r.model, r.val_batches, r.ctx, r.device)
+    record = {"kind": "eval", "step": step,
+              "train_loss": estimate_loss(r.model, r.train_batches, r.ctx, r.device),
+              "val_loss": val_loss,
+              "val_bpb": val_loss / math.log(2) / r.data.meta["bytes_per_token"]["val"],
+              "lr": lr, "tokens_per_sec": tokens_per_sec}
+    r.state["final_val_loss"] = val_loss
+    if step == 0:
+        r.state["init_val_loss"] = val_loss
+    improved = math.isfinite(val_loss) and val_loss < r.state["best_val_loss"]
+    if improved:
+        r.state["best_val_loss"], r.state["best_step"] = val_loss, step
+    if r.rank == 0:
+        record.update(attention_record(r))
+    return record, improved
+
+
+def describe(record: dict) -> str:
+    """One line for the terminal."""
+    speed = record["tokens_per_sec"]
+    return (f"step {record['step']}: train {record['train_loss']:.4f}, val "
+            f"{record['val_loss']:.4f} ({record['val_bpb']:.3f} bits/byte), lr "
+            f"{record['lr']:.2e}" + (f", {speed:,.0f} tokens/s" if speed else ""))
+
+
+def write_samples(r: Run, run_dir: Path, best: Path) -> None:
+    """samples.txt: one continuation per trainer.sample_prompts, from the weights of `best`
+    (best.pt; the current weights if no evaluation improved on the first)."""
+    if best.exists():
+        r.raw.load_state_dict(checkpoint.read(best)["model"])
+    gen = torch.Generator(device=r.device).manual_seed(r.tc.seed)
+    r.raw.eval()
+    outs = r.raw.generate(r.prompts, r.tc.sample_tokens, temperature=r.tc.sample_temperature,
+                          top_k=r.tc.sample_top_k, pad_id=r.data.pad_id, generator=gen)
+    text = "".join(f"--- prompt {p!r} ---\n{p}{r.data.decode(o)}\n\n"
+                   for p, o in zip(r.tc.sample_prompts, outs))
+    (run_dir / "samples.txt").write_text(text)
