@@ -1,0 +1,90 @@
+"""Whole-split evaluation: the loss of a model on every token of a split, once.
+
+The periodic evaluation during training scores a few fixed random windows (cheap, noisy). At
+the end of a run this module scores the split itself: it is cut into consecutive windows of
+`block_size` inputs, window i reading tokens[i*T : i*T + T] and predicting
+tokens[i*T + 1 : i*T + T + 1], so every token but the first is a target exactly once, with
+between 1 and `block_size` tokens of context (the window it sits in; windows do not overlap).
+The result is the sum of the per-token cross-entropies over the number of targets: a mean per
+token, not per window, and so exactly comparable between runs with different batch sizes.
+
+Splits longer than `max_tokens` targets are scored on a fixed, deterministic subset: windows
+spread evenly over the split (`numpy.linspace` over the window indices), the same windows for
+every run with the same split, block size and cap. The caller states the coverage it got.
+
+Under several processes each rank scores every world-th window and the sums and counts are
+all-reduced, so every rank returns the same number.
+"""
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class FullEval:
+    loss: float         # mean cross-entropy per scored target token (nats)
+    targets: int        # target tokens scored
+    split_targets: int  # target tokens in the split (len(split) - 1)
+
+    @property
+    def complete(self) -> bool:
+        return self.targets == self.split_targets
+
+
+def window_starts(n_tokens: int, block_size: int, max_tokens: int | None) -> np.ndarray:
+    """Start offsets of the windows to score: all of them, or an even spread under the cap."""
+    n_windows = -(-(n_tokens - 1) // block_size)  # ceil: the last window may be short
+    starts = np.arange(n_windows, dtype=np.int64) * block_size
+    if max_tokens is not None and (n_tokens - 1) > max_tokens:
+        keep = max(1, max_tokens // block_size)
+        starts = starts[np.unique(np.linspace(0, n_windows - 1, keep).round().astype(np.int64))]
+    return starts
+
+
+@torch.no_grad()
+def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_size: int,
+                    device: torch.device, autocast: AbstractContextManager,
+                    max_tokens: int | None = None, rank: int = 0, world: int = 1) -> FullEval:
+    """Score `tokens` (a 1-D id array: memmap, shards or ndarray) with `model` in eval mode.
+
+    `model(idx)` must return (logits (B, T, V), _). The model's training mode is restored.
+    """
+    n = len(tokens)
+    if n < 2:
+        raise ValueError(f"a split of {n} token(s) has no target to score")
+    starts = window_starts(n, block_size, max_tokens)
+    mine = starts[rank::world]
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.float64, device=device)
+    try:
+        # Full windows go in batches; a short last window (at most one) goes alone.
+        full = [s for s in mine if s + block_size + 1 <= n]
+        short = [s for s in mine if s + block_size + 1 > n]
+        groups = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
+        groups += [[s] for s in short]
+        for group in groups:
+            length = min(block_size, n - 1 - group[0])
+            rows = np.stack([np.asarray(tokens[s:s + length + 1], dtype=np.int64)
+                             for s in group])  # (B, length + 1)
+            batch = torch.from_numpy(rows).to(device)
+            idx, targets = batch[:, :-1], batch[:, 1:]  # (B, length) each
+            with autocast:
+                logits, _ = model(idx)
+            loss_sum += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                                        reduction="sum").double()
+            count += targets.numel()
+    finally:
+        model.train(was_training)
+    if dist.is_initialized():
+        dist.all_reduce(loss_sum)
+        dist.all_reduce(count)
+    scored = int(count.item())
+    return FullEval(loss=(loss_sum / count).item() if scored else float("nan"),
+                    targets=scored, split_targets=n - 1)
