@@ -32,7 +32,7 @@ from data.errors import DataError
 from model.errors import UserError
 from trainer import checkpoint
 from trainer.build import build, lr_at
-from trainer.evaluate import describe, evaluate, write_samples
+from trainer.evaluate import describe, describe_full, evaluate, evaluate_full, write_samples
 from trainer.resume import finished, overrides, resume_commands, resume_path, shown
 from trainer.run_dir import (
     end_segment,
@@ -140,11 +140,15 @@ def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
             end_segment(run_dir / "run.json", ended_at=now(), end_step=step, ended="interrupted")
         raise Interrupted(interrupted, step, ckpt_dir / "last.pt")
 
-    # 3. Samples from the best weights, then the summary.
+    # 3. The final weights on the whole validation split, samples from the best weights, then
+    # the summary.
+    full = {} if diverged else evaluate_full(r)
+    if full and r.rank == 0:
+        tqdm.write(describe_full(full))
     if r.rank == 0 and not diverged and tc.sample_prompts:
         write_samples(r, run_dir, ckpt_dir / "best.pt")
     r.state["wall_s"] += time.perf_counter() - start
-    summary = summarize(r, step, diverged=diverged, tokens_per_sec=(
+    summary = summarize(r, step, diverged=diverged, full=full, tokens_per_sec=(
         tokens_per_step * (last_check - first_step) / train_time if train_time else None))
     if r.rank == 0:
         write_json(run_dir / "summary.json", summary)

@@ -1,5 +1,7 @@
-"""trainer/full_eval.py: every token of a split scored once, a per-token mean, a fixed cap."""
+"""trainer/full_eval.py: every token of a split scored once, a per-token mean, a fixed cap;
+and summary.json's whole-split fields from a real run."""
 
+import json
 import math
 from contextlib import nullcontext
 
@@ -8,7 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import train
+from data.config import DataConfig
+from data.prepare import prepare
+from model.attention import ScalingConfig
 from model.gpt import GPT, GPTConfig
+from tests.test_train import make_config, tiny  # noqa: F401  (tiny is a fixture)
+from trainer import checkpoint
 from trainer.full_eval import full_split_loss, window_starts
 
 BLOCK = 8
@@ -104,3 +112,24 @@ def test_loss_is_finite_and_near_uniform_for_an_untrained_model(model):
     # An untrained model predicts close to uniformly over the 11 ids.
     result = score(model, split(200, seed=3))
     assert math.isfinite(result.loss) and abs(result.loss - math.log(11)) < 0.5
+
+
+def test_a_run_records_the_whole_split_score_of_its_final_weights(tiny, tmp_path):  # noqa: F811
+    """summary.json's *_full fields are full_split_loss of the final weights (checkpoints/
+    last.pt), over every token of the validation split."""
+    cfg = make_config(tiny)
+    summary = train.train(cfg, tmp_path / "run")
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["final_val_loss_full"] == summary["final_val_loss_full"]
+    ckpt = checkpoint.read(tmp_path / "run" / "checkpoints" / "last.pt")
+    model = GPT(GPTConfig(**{**ckpt["model_config"],
+                             "scaling": ScalingConfig(**ckpt["model_config"]["scaling"])}))
+    model.load_state_dict(ckpt["model"])
+    val = prepare(DataConfig(**cfg.data)).val
+    expected = full_split_loss(model, val, block_size=16, batch_size=5, device=CPU,
+                               autocast=nullcontext())
+    assert summary["full_eval_targets"] == summary["full_eval_split_targets"] == len(val) - 1
+    assert summary["final_val_loss_full"] == pytest.approx(expected.loss, abs=1e-5)
+    bpb = expected.loss / math.log(2) / json.loads(
+        (tmp_path / "run" / "run.json").read_text())["data"]["bytes_per_token"]["val"]
+    assert summary["final_val_bpb_full"] == pytest.approx(bpb, abs=1e-5)

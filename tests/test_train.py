@@ -140,7 +140,7 @@ def test_run_directory_contents(tiny, tmp_path):
     assert run["device"]["type"] == "cpu" and "git_commit" in run
     assert json.loads((run_dir / "summary.json").read_text()) == json.loads(json.dumps(summary))
     for key in ("final_val_loss", "best_val_loss", "steps", "tokens_per_sec", "n_params",
-                "diverged", "wall_s"):
+                "diverged", "wall_s", "final_val_loss_full", "final_val_bpb_full"):
         assert key in summary
     trains, evals = records(run_dir, "train"), records(run_dir, "eval")
     assert [r["step"] for r in trains] == list(range(1, 9))
@@ -148,8 +148,13 @@ def test_run_directory_contents(tiny, tmp_path):
     assert set(trains[0]) >= {"loss", "lr", "tokens_per_sec", "grad_norm", "q_grad_norm",
                               "k_grad_norm", "q_grad_norm_layers", "k_grad_norm_layers"}
     assert len(trains[0]["q_grad_norm_layers"]) == 2 and trains[0]["q_grad_norm"] > 0
-    for key in ("attn_entropy", "attn_max_logit", "attn_saturated"):
+    for key in ("attn_entropy", "attn_max_logit", "attn_saturated", "attn_raw_var",
+                "attn_raw_max_logit"):
         assert len(evals[-1][key]) == 2
+    # at initialisation q, k components have variance d_model * 0.02^2 (GPT-2's init on
+    # unit-variance LayerNorm output), so Var(q.k) / d_head is that squared
+    expected_raw_var = (32 * 0.02**2) ** 2
+    assert 0.5 < evals[0]["attn_raw_var"][0] / expected_raw_var < 2
     # at initialisation attention is nearly uniform: entropy close to the mean of log(t+1)
     uniform = sum(math.log(t + 1) for t in range(16)) / 16
     assert abs(evals[0]["attn_entropy"][0] - uniform) < 0.1

@@ -152,7 +152,8 @@ MAY_CHANGE_ON_RESUME = (
     "trainer.max_steps", "trainer.eval_every", "trainer.log_every", "trainer.ckpt_every",
     "trainer.device", "trainer.threads", "trainer.compile", "trainer.precision",
     "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
-    "trainer.sample_temperature", "trainer.sample_top_k", "data.cache_dir", "model.attn_impl",
+    "trainer.sample_temperature", "trainer.sample_top_k", "trainer.full_eval_tokens",
+    "data.cache_dir", "model.attn_impl",
 )
 
 

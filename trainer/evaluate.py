@@ -14,6 +14,7 @@ import torch
 from model.gpt import IGNORE_INDEX
 from trainer import checkpoint
 from trainer.build import Run
+from trainer.full_eval import full_split_loss
 from trainer.step import all_reduce_sum, to_device
 
 
@@ -35,12 +36,15 @@ def estimate_loss(model, batches, ctx, device) -> float:
 
 def attention_record(r: Run) -> dict:
     """Per-layer attention diagnostics on the first fixed validation batch: mean entropy over
-    heads, max |logit| over heads, mean fraction of saturated rows over heads."""
+    heads, max |logit| over heads, mean fraction of saturated rows over heads, and for the raw
+    scores q.k before the scale: mean Var(q.k) / d_head over heads and max |q.k| over heads."""
     idx, _, valid = to_device(r.val_batches[0], r.device)
     stats = r.raw.attention_stats(idx, valid)
     return {"attn_entropy": [s["entropy"].mean().item() for s in stats],
             "attn_max_logit": [s["max_logit"].max().item() for s in stats],
-            "attn_saturated": [s["saturated"].mean().item() for s in stats]}
+            "attn_saturated": [s["saturated"].mean().item() for s in stats],
+            "attn_raw_var": [s["raw_var"].mean().item() for s in stats],
+            "attn_raw_max_logit": [s["raw_max_logit"].max().item() for s in stats]}
 
 
 def evaluate(r: Run, step: int, lr: float,
@@ -62,6 +66,27 @@ def evaluate(r: Run, step: int, lr: float,
     if r.rank == 0:
         record.update(attention_record(r))
     return record, improved
+
+
+def evaluate_full(r: Run) -> dict:
+    """The final model on the whole validation split (trainer/full_eval.py), capped at
+    trainer.full_eval_tokens targets: summary.json's *_full fields."""
+    full = full_split_loss(r.raw, r.data.val, block_size=r.model_cfg.block_size,
+                           batch_size=max(1, r.tc.batch_size // r.world), device=r.device,
+                           autocast=r.ctx, max_tokens=r.tc.full_eval_tokens, rank=r.rank,
+                           world=r.world)
+    return {"final_val_loss_full": full.loss,
+            "final_val_bpb_full": full.loss / math.log(2) / r.data.meta["bytes_per_token"]["val"],
+            "full_eval_targets": full.targets, "full_eval_split_targets": full.split_targets}
+
+
+def describe_full(full: dict) -> str:
+    """One line for the terminal: the whole-split numbers and how much of the split they cover."""
+    scored, total = full["full_eval_targets"], full["full_eval_split_targets"]
+    cover = ("every token" if scored == total else
+             f"{scored:,} of {total:,} tokens, an even fixed subset (trainer.full_eval_tokens)")
+    return (f"whole validation split: loss {full['final_val_loss_full']:.4f} "
+            f"({full['final_val_bpb_full']:.3f} bits/byte), {cover}")
 
 
 def describe(record: dict) -> str:

@@ -189,13 +189,19 @@ def open_run_dir(r: Run, run_dir: Path, resumed_from: Optional[Path],
     return log
 
 
-def summarize(r: Run, step: int, tokens_per_sec: Optional[float], diverged: bool) -> dict:
-    """summary.json's content; non-finite numbers become null (JSON has no NaN)."""
+def summarize(r: Run, step: int, tokens_per_sec: Optional[float], diverged: bool,
+              full: dict) -> dict:
+    """summary.json's content; non-finite numbers become null (JSON has no NaN). `full` holds
+    the whole-split evaluation (trainer.evaluate.evaluate_full; null fields if diverged)."""
     s = r.state
     tokens_per_step = r.tc.batch_size * r.tc.grad_accum * r.model_cfg.block_size
     summary = {"final_val_loss": s["final_val_loss"], "best_val_loss": s["best_val_loss"],
                "best_step": s["best_step"], "init_val_loss": s["init_val_loss"],
                "steps": step, "tokens": step * tokens_per_step, "tokens_per_sec": tokens_per_sec,
-               "n_params": r.raw.num_params(), "diverged": diverged, "wall_s": s["wall_s"]}
+               "n_params": r.raw.num_params(), "diverged": diverged, "wall_s": s["wall_s"],
+               "final_val_loss_full": full.get("final_val_loss_full"),
+               "final_val_bpb_full": full.get("final_val_bpb_full"),
+               "full_eval_targets": full.get("full_eval_targets"),
+               "full_eval_split_targets": full.get("full_eval_split_targets")}
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in summary.items()}

@@ -75,6 +75,7 @@ class TrainerConfig:
     sample_tokens: int = 200
     sample_temperature: float = 0.8
     sample_top_k: Optional[int] = 200
+    full_eval_tokens: Optional[int] = 4_000_000  # cap of the end-of-run whole-split score
 
     def __post_init__(self):
         for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters",
@@ -97,6 +98,9 @@ class TrainerConfig:
                        (self.sample_tokens, self.sample_temperature), "use values >= 0.")
         if self.sample_top_k is not None and self.sample_top_k < 1:
             raise _bad("trainer.sample_top_k", self.sample_top_k, "use null or >= 1.")
+        if self.full_eval_tokens is not None and self.full_eval_tokens < 1:
+            raise _bad("trainer.full_eval_tokens", self.full_eval_tokens,
+                       "use null (score the whole validation split) or a positive token count.")
 
 
 def hydra_schema(cls: type, exclude: tuple[str, ...] = ()) -> type:
