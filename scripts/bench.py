@@ -1,4 +1,4 @@
-"""Benchmarks (issue 6): attention against sequence length, the training step, the data path.
+"""Benchmarks: attention against sequence length, the training step, the data path.
 
     python scripts/bench.py                       # everything; ~15 minutes on a 2-core CPU
     python scripts/bench.py --quick               # seconds: tiny sizes, few repeats (CI)
@@ -66,7 +66,7 @@ from trainer.schema import register_configs  # noqa: E402
 from trainer.step import to_device, train_step  # noqa: E402
 
 # nanoGPT's float32 training step for its CPU configuration, measured on this machine kind with
-# its README command (issue 6): the reference our step is compared with.
+# its README command: the reference our step is compared with.
 NANOGPT_CPU_STEP_MS = 29.8
 SHAKESPEARE_TRAIN_TOKENS = 4_567_669  # the char-level Shakespeare train split (token cache)
 
@@ -88,8 +88,8 @@ CONFIGS = {
     # nanoGPT README's CPU run: 4 layers, 4 heads, 128 wide, block 64, batch 12, dropout 0
     "nanogpt_cpu": StepConfig(4, 4, 128, 64, 12),
     # ~10M parameters: nanoGPT's shakespeare_char GPU shape (configs/model/small.yaml), batch 16,
-    # without dropout (a plain GPT, as issue 6's bf16 target was set on) and with small.yaml's
-    # 0.2 (on a CPU dropout > 0 also sends SDPA to its unfused math path)
+    # without dropout (a plain GPT, as docs/benchmarks.md's bf16 comparison uses) and with
+    # small.yaml's 0.2 (on a CPU dropout > 0 also sends SDPA to its unfused math path)
     "10M": StepConfig(6, 6, 384, 256, 16),
     "10M_dropout": StepConfig(6, 6, 384, 256, 16, dropout=0.2),
     # GPT-2 small (124M) for a GPU; far too slow for a 2-core CPU
