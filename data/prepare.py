@@ -142,17 +142,20 @@ def build_tokenizer(cfg: DataConfig, source) -> Tokenizer:
 
 
 def bpe_sample(source, max_bytes: int) -> Iterator[str]:
-    """Every k-th piece of the training split, k chosen so that about `max_bytes` are taken:
-    deterministic, spread over the whole split, and all of it when the split is smaller."""
+    """Every k-th exact piece (about BPE_PIECE_CHARS) of the training split, k chosen so that
+    about `max_bytes` are taken: deterministic, spread over the whole split, and all of it when
+    the split is smaller. A split of unknown size (streamed) gives its first `max_bytes`."""
     size = source.size("train")
     stride = max(1, math.ceil(size / max_bytes)) if size else 1
-    taken = 0
-    for i, (text, _) in enumerate(source.pieces("train")):
-        if i % stride == 0 and text:
-            yield from exact_pieces(text, BPE_PIECE_CHARS)
-            taken += len(text)
-            if taken >= max_bytes:
-                return
+    taken, i = 0, 0
+    for text, _ in source.pieces("train"):
+        for piece in exact_pieces(text, BPE_PIECE_CHARS):
+            if i % stride == 0 and piece:
+                yield piece
+                taken += len(piece)
+                if taken >= max_bytes:
+                    return
+            i += 1
 
 
 def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = True) -> None:
