@@ -5,7 +5,7 @@ data/ imports nothing from model/ (and model/ nothing from data/): the entry poi
 """
 
 # Targets with this value are skipped by the loss: it is the default `ignore_index` of
-# torch.nn.functional.cross_entropy, which model/gpt.py uses unchanged.
+# torch.nn.functional.cross_entropy, the value model/gpt.py passes too (a test holds them equal).
 IGNORE_INDEX = -100
 
 

@@ -15,6 +15,7 @@ runs preparing one key (a sweep, the ranks of a DDP job) serialise on a file loc
 builds, the rest wait and then load what it built.
 """
 
+import array
 import hashlib
 import itertools
 import json
@@ -206,13 +207,14 @@ def bpe_encoder(tok: Tokenizer):
     def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         pieces = [exact_pieces(t, BPE_PIECE_CHARS) for t in texts]
         owner = np.repeat(np.arange(len(texts)), [len(p) for p in pieces])   # (n_pieces,)
-        ids = [e.ids for e in tok.encode_batch_fast(list(itertools.chain.from_iterable(pieces)),
-                                                    add_special_tokens=False)]
-        piece_len = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        encodings = tok.encode_batch_fast(list(itertools.chain.from_iterable(pieces)),
+                                          add_special_tokens=False)
+        flat = array.array("I")   # extending a C array is the cheapest way out of Python ints
+        for e in encodings:
+            flat.extend(e.ids)
+        piece_len = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
         lengths = np.bincount(owner, weights=piece_len, minlength=len(texts)).astype(np.int64)
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32,
-                           count=int(piece_len.sum()))
-        return flat, lengths
+        return np.frombuffer(flat, dtype=np.uint32), lengths
     return encode_batch
 
 
