@@ -176,6 +176,7 @@ def test_errors_leave_the_existing_cache_intact(tmp_path, monkeypatch):
     empty.write_text("\n\n")
     import datasets
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)   # as HF_HUB_OFFLINE=1 does
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
     cases = [
         (dict(token_dtype="uint16", train_files=[str(huge)]),
          f"{70_000 + len(set(VAL)) + 2} ids but data.token_dtype"),
@@ -186,6 +187,10 @@ def test_errors_leave_the_existing_cache_intact(tmp_path, monkeypatch):
         (dict(source="hub", hub_id="nobody/nothing", hub_revision="0" * 40, document="row"),
          "revision '0000000000000000000000000000000000000000'.*HF_HUB_OFFLINE is set"),
     ]
+    from tests.test_data_sources import make_hub_folder
+    no_val = make_hub_folder(tmp_path / "hub-no-val", {"train": ["a\n", "b\n", "c\n"]}, shards=3)
+    cases.append((dict(source="hub", hub_id=str(no_val), document="row"),
+                  r"no split 'validation' \(it has \['train'\]\)"))
     for kw, needle in cases:
         with pytest.raises(DataError, match=needle):
             prepare(text_cfg(tmp_path, **kw))
