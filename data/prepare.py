@@ -250,16 +250,18 @@ def write_split(encoder, pieces: Iterable[Piece], writer: ShardWriter, eot: int,
     """
     digest, counts = hashlib.sha256(), {"characters": 0, "bytes": 0}
     batches = _batches(pieces, digest, counts)
-    with ThreadPoolExecutor(1) as pool, bar:
-        pending = None   # (batch, future of its ids): encoded while the next batch is read
-        for batch in batches:
-            future = pool.submit(encoder, batch[0])
+    try:
+        with ThreadPoolExecutor(1) as pool, bar:
+            pending = None   # (batch, future of its ids): encoded while the next batch is read
+            for batch in batches:
+                future = pool.submit(encoder, batch[0])
+                if pending is not None:
+                    _write(writer, *pending[0], pending[1].result(), eot, bar)
+                pending = (batch, future)
             if pending is not None:
                 _write(writer, *pending[0], pending[1].result(), eot, bar)
-            pending = (batch, future)
-        if pending is not None:
-            _write(writer, *pending[0], pending[1].result(), eot, bar)
-    writer.close()
+    finally:
+        writer.close()
     n_tokens = writer.n_tokens
     return ({"documents": writer.n_docs, "characters": counts["characters"],
              "bytes": counts["bytes"], "tokens": n_tokens,
