@@ -10,8 +10,9 @@ non-space character and precedes one (`x\\n|y`), else before a single space betw
 non-space characters (`x| y`). Byte-level BPE pre-tokenizes with GPT-2's pattern, whose tokens
 never span such a cut, so encoding the pieces one by one gives exactly the ids of encoding
 the whole document; normalisation (below) never matches across one either. Only a stretch of
-`CUT_WINDOW` characters with no space at all is cut anywhere: exact for `char`, and for
-`bpe` it can split one pre-token in two.
+`CUT_WINDOW` characters without a safe cut (no space between words: a minified file, a long
+URL) is cut elsewhere, between two non-space characters: exact for `char`, while for `bpe` it
+can split one pre-token in two.
 """
 
 import hashlib

@@ -93,8 +93,8 @@ class HubSource:
                             f"{sorted(ds)}); set {field} to one of them, or to a row slice "
                             "of one, e.g. train[:10000].")
         ds = ds[name]
-        columns = ds.column_names or []
-        if self.cfg.text_field not in columns:
+        columns = ds.column_names   # None for a stream whose features are not published
+        if columns is not None and self.cfg.text_field not in columns:
             raise DataError(f"Split {name!r} of {self.cfg.hub_id!r} has no column "
                             f"{self.cfg.text_field!r} (it has {columns}); set data.text_field.")
         ds = ds.select_columns([self.cfg.text_field])
