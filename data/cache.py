@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from data.errors import DataError
+from data.shards import open_split
 
 FORMAT_VERSION = 2
 
@@ -43,7 +44,6 @@ def exists(folder: Path) -> bool:
 
 def is_complete(folder: Path) -> bool:
     """Every file meta.json lists is present with the size it says."""
-    from data.shards import open_split
     try:
         meta = json.loads((folder / "meta.json").read_text())
         for split in ("train", "val"):
