@@ -24,8 +24,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from data.errors import DataError
-from model.gpt import IGNORE_INDEX  # targets the loss skips: padding positions
+from data.errors import IGNORE_INDEX, DataError
 
 
 @dataclass

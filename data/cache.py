@@ -1,14 +1,16 @@
-"""The token cache: one folder per (corpus content, tokenizer settings) fingerprint.
+"""The token cache: one folder per (source identity, tokenizer settings) key.
 
-    <cache_root>/tokens/<name>-<tokenizer>[<vocab>]-<fingerprint[:16]>/
+    <cache_root>/tokens/<name>-<tokenizer>[<vocab>]-<key[:16]>/
         tokenizer.json            the tokenizer (train.py copies it into each run directory)
-        train.bin, val.bin        flat token ids, uint16 or uint32, documents joined by EOT
-        train_docs.npy, val_docs.npy   int64 start offset of each document in the .bin file
-        meta.json                 counts, bytes per token, settings (written last)
+        train-00000.bin, ...      token ids in shards of `shard_tokens`, uint16 or uint32,
+        val-00000.bin, ...        documents joined by EOT (data/shards.py)
+        train_docs.bin, val_docs.bin   int64 start offset of each document in its split
+        meta.json                 counts, shard sizes, content sha256, settings (written last)
 
 A folder is built under a temporary name and renamed into place in one step, so a folder with
-the final name is always complete; an interrupted build leaves only a temporary folder, which
-the next build under the lock removes.
+the final name is complete unless something changed it afterwards, which loading detects (every
+file's size is checked against meta.json) and reports instead of rebuilding over it. An
+interrupted build leaves only a temporary folder, which the next build under the lock removes.
 """
 
 import json
@@ -16,10 +18,10 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
+from data.errors import DataError
+from data.shards import open_split
 
-FORMAT_VERSION = 1
-FILES = ("tokenizer.json", "train.bin", "val.bin", "train_docs.npy", "val_docs.npy", "meta.json")
+FORMAT_VERSION = 2
 
 
 def default_cache_root(cache_dir=None) -> Path:
@@ -30,22 +32,25 @@ def default_cache_root(cache_dir=None) -> Path:
     return Path(base) / "attnscale"
 
 
+def exists(folder: Path) -> bool:
+    """Whether a finished cache folder is there (its files are checked when it is loaded)."""
+    if not folder.exists():
+        return False
+    if not (folder / "meta.json").is_file():
+        raise DataError(f"The token cache {folder} has no meta.json: it was changed after it "
+                        f"was built. Delete it (`rm -r {folder}`) and run again to rebuild it.")
+    return True
+
+
 def is_complete(folder: Path) -> bool:
-    """Every file present and each .bin exactly as long as meta.json says."""
+    """Every file meta.json lists is present with the size it says."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        return all((folder / f).is_file() for f in FILES) and all(
-            (folder / f"{s}.bin").stat().st_size == meta["splits"][s]["tokens"] * itemsize
-            for s in ("train", "val"))
-    except (OSError, ValueError, KeyError, TypeError):
+        for split in ("train", "val"):
+            open_split(folder, split, meta)
+        return (folder / "tokenizer.json").is_file()
+    except (OSError, ValueError, KeyError, TypeError):   # DataError is a ValueError
         return False
-
-
-def read_tokens(folder: Path, split: str, meta: dict) -> np.ndarray:
-    """The split's ids as a read-only memmap (no copy into memory)."""
-    return np.memmap(folder / f"{split}.bin", dtype=meta["dtype"], mode="r",
-                     shape=(meta["splits"][split]["tokens"],))
 
 
 def remove_leftovers(tokens_dir: Path, key: str) -> None:
@@ -55,11 +60,7 @@ def remove_leftovers(tokens_dir: Path, key: str) -> None:
 
 
 def publish(tmp: Path, final: Path) -> None:
-    """Move a finished temporary folder into place, replacing an incomplete one if present."""
-    if final.exists():   # incomplete (is_complete was False under the lock): set it aside first
-        stale = final.with_name(f".{final.name}.stale-{os.getpid()}")
-        os.rename(final, stale)
-        shutil.rmtree(stale, ignore_errors=True)
+    """Move a finished temporary folder into place."""
     os.rename(tmp, final)
 
 

@@ -1,6 +1,7 @@
 """DataConfig: which corpus, which tokenizer, how batches are packed (Hydra group `data`).
 
-Every field is documented in configs/data/*.yaml. Validation runs when the config is built,
+The defaults below are the default corpus (Shakespeare, char); each configs/data/*.yaml
+states only the fields where its corpus differs. Validation runs when the config is built,
 so a typo in a source name fails before anything is downloaded or tokenised.
 """
 
@@ -30,22 +31,27 @@ def _bad(field: str, value, fix: str) -> DataError:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "shakespeare"
-    name: str = "shakespeare"
-    tokenizer: str = "char"
-    vocab_size: int = 4096
-    packing: str = "concat"
-    cache_dir: Optional[str] = None
-    hub_id: Optional[str] = None
-    hub_config: Optional[str] = None
-    train_split: str = "train"
-    val_split: str = "validation"
-    text_field: str = "text"
-    document: str = "work"
-    train_files: Optional[list[str]] = None
-    val_files: Optional[list[str]] = None
-    val_fraction: float = 0.1
-    token_dtype: str = "auto"
+    source: str = "shakespeare"        # shakespeare | hub | text (data/corpus.py)
+    name: str = "shakespeare"          # first part of the cache folder name, shown in logs
+    tokenizer: str = "char"            # char (one id per character) | bpe (byte-level BPE)
+    vocab_size: int = 4096             # bpe only: ids including <|pad|> (0), <|endoftext|> (1)
+    packing: str = "concat"            # concat: windows across documents | pad: one per row
+    cache_dir: Optional[str] = None    # null: $XDG_CACHE_HOME/attnscale or ~/.cache/attnscale
+    hub_id: Optional[str] = None       # hub: dataset id, or a local folder in hub layout
+    hub_config: Optional[str] = None   # hub: dataset config name (null: the default one)
+    hub_revision: Optional[str] = None  # hub: the commit or ref to load; required for an id
+    streaming: bool = False            # hub: iterate over the network instead of downloading
+    train_split: str = "train"         # hub: split, or a row slice such as train[10000:]
+    val_split: str = "validation"      # hub: split, or a row slice such as train[:10000]
+    text_field: str = "text"           # hub: the column holding the text
+    document: str = "work"             # what one document is (DOCUMENTS per source)
+    train_files: Optional[list[str]] = None   # text: files or globs for training
+    val_files: Optional[list[str]] = None     # text: files or globs; null: use val_fraction
+    val_fraction: float = 0.1          # text without val_files: the last fraction of bytes
+    token_dtype: str = "auto"          # auto (uint16 up to 65,536 ids) | uint16 | uint32
+    shard_tokens: int = 500_000_000    # tokens per shard file (1 GB at uint16)
+    bpe_sample_mb: int = 32            # bpe: MB of the training split the tokenizer learns from
+    verify: bool = False               # re-read the corpus and compare it with the cache
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -74,6 +80,9 @@ class DataConfig:
         if self.token_dtype not in TOKEN_DTYPES:
             raise _bad("token_dtype", self.token_dtype, f"choose one of {', '.join(TOKEN_DTYPES)}"
                        " (auto: uint16 when the vocabulary fits in 65,536 ids, else uint32).")
+        if self.shard_tokens < 1 or self.bpe_sample_mb < 1:
+            raise _bad("shard_tokens/bpe_sample_mb", (self.shard_tokens, self.bpe_sample_mb),
+                       "both must be positive integers.")
         if not 0.0 < self.val_fraction < 1.0:
             raise _bad("val_fraction", self.val_fraction, "use a fraction strictly between "
                        "0 and 1 (used by the text source when val_files is not given).")

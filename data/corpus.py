@@ -1,28 +1,26 @@
-"""Load the corpus a DataConfig names: one function per source, chosen here and nowhere else."""
+"""Open the source a DataConfig names: one class per source, chosen here and nowhere else.
+
+A source gives the pipeline four things: `identity()` (cheap facts that fix its text, for the
+cache key), `pieces(split)` (the split streamed as document pieces, data/documents.py),
+`size(split)` (bytes, for the progress bar and the BPE sample; None when unknown) and `info`
+(facts recorded in meta.json). Opening a source reads no text.
+"""
 
 from pathlib import Path
 
 from data.config import DataConfig
-from data.documents import Corpus
 from data.errors import DataError
-from data.hub import load_hub
-from data.shakespeare import load_shakespeare
-from data.textfiles import load_text
+from data.hub import HubSource
+from data.shakespeare import ShakespeareSource
+from data.textfiles import TextSource
 
 
-def load_corpus(cfg: DataConfig, cache_root: Path) -> Corpus:
-    """Return the train/validation documents of the source, checked to be non-empty."""
+def open_source(cfg: DataConfig, cache_root: Path):
     if cfg.source == "shakespeare":
-        corpus = load_shakespeare(cache_root, cfg.name)
-    elif cfg.source == "hub":
-        corpus = load_hub(cfg)
-    elif cfg.source == "text":
-        corpus = load_text(cfg)
-    else:   # DataConfig validates the name; this guards configs built some other way
-        raise DataError(f"data.source={cfg.source!r} is unknown; use shakespeare, hub or text.")
-    for split, docs in (("train", corpus.train), ("validation", corpus.val)):
-        if not any(d.strip() for d in docs):
-            raise DataError(f"The {split} split of data={cfg.name} (source {cfg.source}) is "
-                            "empty after reading; point the config at files or a split that "
-                            "contain text.")
-    return corpus
+        return ShakespeareSource(cache_root, cfg.name)
+    if cfg.source == "hub":
+        return HubSource(cfg)
+    if cfg.source == "text":
+        return TextSource(cfg)
+    # DataConfig validates the name; this guards configs built some other way
+    raise DataError(f"data.source={cfg.source!r} is unknown; use shakespeare, hub or text.")

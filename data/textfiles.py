@@ -1,30 +1,68 @@
 """The `text` source: your own UTF-8 files, given as paths or globs for each split.
 
-Without `val_files`, the last `val_fraction` of the characters becomes the validation split
-(whole documents from the end, and the last line-aligned part of one more if needed), so the
-split is deterministic and never shuffles text between runs.
+Files are streamed in blocks of `BLOCK_BYTES`, decoded, normalised (data/documents.py) and cut
+into documents without ever holding a whole file. Without `val_files`, the last `val_fraction`
+of the bytes becomes the validation split, cut at the start of a line: whole files from the
+end, and the tail of one more file if needed, so the split is deterministic and never shuffles
+text between runs.
+
+The cache key uses each file's identity, not its content: resolved path, size, modification
+time and a sha256 of three `SAMPLE_BYTES` blocks (start, middle, end). A cached start therefore
+reads at most a few hundred kilobytes per file; `data.verify=true` re-reads everything.
 """
 
 import glob
+import hashlib
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from data.documents import Corpus, decode_utf8, normalise, split_documents
+from data.documents import Piece, decode_utf8, normalise_stream, record_pieces, safe_cut
 from data.errors import DataError
 
+BLOCK_BYTES = 1 << 20
+SAMPLE_BYTES = 1 << 16
 
-def load_text(cfg) -> Corpus:
-    train_paths = expand(cfg.train_files, "train_files")
-    train = _read_documents(train_paths, cfg.document)
-    if cfg.val_files:
-        val_paths = expand(cfg.val_files, "val_files")
-        val = _read_documents(val_paths, cfg.document)
-    else:
-        val_paths = []
-        train, val = split_tail(train, cfg.val_fraction)
-    info = {"train_files": [str(p) for p in train_paths], "val_files": [str(p) for p in val_paths],
-            "val_fraction": None if cfg.val_files else cfg.val_fraction}
-    return Corpus(name=cfg.name, document=cfg.document, train=train, val=val, info=info)
+
+@dataclass(frozen=True)
+class Segment:
+    """Bytes [start, end) of one file: a whole file, or one side of the validation cut."""
+
+    path: Path
+    start: int
+    end: int
+
+
+class TextSource:
+    def __init__(self, cfg):
+        self.name, self.document = cfg.name, cfg.document
+        train = [whole(p) for p in expand(cfg.train_files, "train_files")]
+        if cfg.val_files:
+            val = [whole(p) for p in expand(cfg.val_files, "val_files")]
+        else:
+            train, val = split_tail(train, cfg.val_fraction)
+        self.segments = {"train": train, "val": val}
+        self.val_fraction = None if cfg.val_files else cfg.val_fraction
+        self.info = {"train_files": _paths(train), "val_files": _paths(val),
+                     "val_fraction": self.val_fraction}
+
+    def identity(self) -> dict:
+        files = sorted({s.path for segs in self.segments.values() for s in segs})
+        return {"files": [file_identity(p) for p in files], "val_fraction": self.val_fraction,
+                "segments": {k: [(str(s.path), s.start, s.end) for s in v]
+                             for k, v in self.segments.items()}}
+
+    def size(self, split: str) -> int:
+        return sum(s.end - s.start for s in self.segments[split])
+
+    def pieces(self, split: str) -> Iterator[Piece]:
+        for seg in self.segments[split]:
+            yield from record_pieces(normalise_stream(read_segment(seg)), self.document)
+
+
+def _paths(segments: list[Segment]) -> list[str]:
+    return list(dict.fromkeys(str(s.path) for s in segments))
 
 
 def expand(patterns: list[str], field: str) -> list[Path]:
@@ -32,7 +70,7 @@ def expand(patterns: list[str], field: str) -> list[Path]:
     paths = []
     for pattern in patterns:
         hits = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
-        files = [Path(h) for h in hits if os.path.isfile(h)]
+        files = [Path(h).resolve() for h in hits if os.path.isfile(h)]
         if not files:
             raise DataError(f"data.{field} entry {pattern!r} matches no file (current folder "
                             f"{os.getcwd()}). Check the path, or use an absolute path; Hydra "
@@ -41,23 +79,89 @@ def expand(patterns: list[str], field: str) -> list[Path]:
     return paths
 
 
-def _read_documents(paths: list[Path], document: str) -> list[str]:
-    texts = [normalise(decode_utf8(p.read_bytes(), str(p))) for p in paths]
-    return split_documents(texts, document)
+def whole(path: Path) -> Segment:
+    return Segment(path, 0, path.stat().st_size)
 
 
-def split_tail(docs: list[str], fraction: float) -> tuple[list[str], list[str]]:
-    """Move the last `fraction` of the characters into a validation list of documents."""
-    want = int(round(fraction * sum(len(d) for d in docs)))
-    train, val = list(docs), []
+def file_identity(path: Path) -> dict:
+    """Path, size, mtime and a sha256 of three sampled blocks: cheap, and it changes when the
+    file is replaced, grown, shrunk or rewritten."""
+    st = path.stat()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for offset in sorted({0, max(0, st.st_size // 2 - SAMPLE_BYTES // 2),
+                              max(0, st.st_size - SAMPLE_BYTES)}):
+            f.seek(offset)
+            h.update(f.read(SAMPLE_BYTES))
+    return {"path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "sampled_sha256": h.hexdigest()}
+
+
+def read_segment(seg: Segment) -> Iterator[str]:
+    """The decoded text of a segment in safe-cut chunks of about BLOCK_BYTES."""
+    pending, text, offset = b"", "", seg.start
+    with open(seg.path, "rb") as f:
+        f.seek(seg.start)
+        while offset < seg.end:
+            block = f.read(min(BLOCK_BYTES, seg.end - offset))
+            if not block:
+                raise DataError(
+                    f"{seg.path} ended at byte {offset}, but it had {seg.end} bytes when this "
+                    "preparation started: the file shrank while it was being read. Nothing was "
+                    "written to the cache; run again once the file is complete.")
+            data_start, data = offset - len(pending), pending + block
+            offset += len(block)
+            keep = _incomplete_tail(data) if offset < seg.end else 0   # finish it next block
+            data, pending = data[:len(data) - keep], data[len(data) - keep:]
+            text += decode_utf8(data, str(seg.path), data_start)
+            cut = safe_cut(text)
+            if cut:
+                yield text[:cut]
+                text = text[cut:]
+    if text:
+        yield text
+
+
+def _incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` start a UTF-8 sequence that is not finished."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:   # not a continuation byte: the lead byte of the last sequence
+            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else \
+                4 if byte >> 3 == 0b11110 else 1
+            return back if need > back else 0
+    return 0
+
+
+def split_tail(segments: list[Segment], fraction: float) -> tuple[list[Segment], list[Segment]]:
+    """Move the last `fraction` of the bytes into validation, cut at the start of a line."""
+    want = int(round(fraction * sum(s.end - s.start for s in segments)))
+    train, val = list(segments), []
     while train and want > 0:
         last = train.pop()
-        if len(last) <= want:
+        if last.end - last.start <= want:
             val.insert(0, last)
-            want -= len(last)
+            want -= last.end - last.start
             continue
-        cut = last.rfind("\n", 0, len(last) - want) + 1 or len(last) - want
-        train.append(last[:cut])
-        val.insert(0, last[cut:])
+        cut = line_start_before(last.path, last.end - want, last.start)
+        train.append(Segment(last.path, last.start, cut))
+        val.insert(0, Segment(last.path, cut, last.end))
         break
-    return [d for d in train if d.strip()], [d for d in val if d.strip()]
+    return [s for s in train if s.end > s.start], val
+
+
+def line_start_before(path: Path, pos: int, lo: int) -> int:
+    """The start of the line holding byte `pos` (looking back no further than `lo`); without a
+    newline there, the first character boundary at or after `pos`."""
+    with open(path, "rb") as f:
+        end = pos
+        while end > lo:
+            begin = max(lo, end - BLOCK_BYTES)
+            f.seek(begin)
+            nl = f.read(end - begin).rfind(b"\n")
+            if nl >= 0:
+                return begin + nl + 1
+            end = begin
+        f.seek(pos)
+        head = f.read(4)
+    return pos + next((i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))

@@ -1,67 +1,73 @@
 """Prepare (or reuse) the token cache of a data config and print the split sizes.
 
-    python scripts/prepare_data.py                          # configs/data/shakespeare.yaml
-    python scripts/prepare_data.py --data shakespeare --set tokenizer=bpe
-    python scripts/prepare_data.py --set cache_dir=/tmp/fresh   # time a build from scratch
+    python scripts/prepare_data.py                                  # the default corpus
+    python scripts/prepare_data.py data.tokenizer=bpe data.vocab_size=4096
+    python scripts/prepare_data.py data=text data.name=mine 'data.train_files=[books/*.txt]'
+    python scripts/prepare_data.py data.cache_dir=/tmp/fresh        # time a build from scratch
+    python scripts/prepare_data.py data.verify=true                 # re-read and compare
 
-Reads configs/data/<name>.yaml directly (no Hydra: this is a data tool), applies the
-`--set key=value` overrides (values parsed as YAML) and calls data.prepare.prepare.
+Takes the same overrides as train.py: the config is composed from configs/ with Hydra's
+compose API and the schema of trainer/schema.py, so a misspelt key fails the same way. While a
+cache is built, a progress bar shows the bytes read and MB/s.
 """
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from data.config import DataConfig  # noqa: E402
 from data.errors import DataError  # noqa: E402
 from data.prepare import prepare  # noqa: E402
+from trainer.schema import register_configs  # noqa: E402
 
 
-def load_config(name: str, overrides: list[str]) -> DataConfig:
-    path = ROOT / "configs" / "data" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise DataError(f"No data config {path}; choose one of {known}.")
-    fields = yaml.safe_load(path.read_text())
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or key not in fields:
-            raise DataError(f"--set {item!r}: use key=value with a DataConfig field "
-                            f"({', '.join(fields)}).")
-        fields[key] = yaml.safe_load(value)
-    return DataConfig(**fields)
+def load_config(overrides: list[str]) -> DataConfig:
+    """The DataConfig `python train.py <overrides>` would use."""
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
+        cfg = compose(config_name="config", overrides=overrides)
+    return DataConfig(**OmegaConf.to_container(cfg.data, resolve=True))
 
 
 def report(data, seconds: float) -> str:
     m = data.meta
     lines = [f"data={m['name']} tokenizer={m['tokenizer']} vocab={data.vocab_size} "
              f"dtype={m['dtype']} {'reused' if data.reused else 'built'} in {seconds:.2f} s",
-             f"cache: {data.tokenizer_path.parent}",
-             f"{'split':6} {'documents':>10} {'characters':>12} {'bytes':>12} {'tokens':>12} "
-             f"{'bytes/token':>12}"]
+             f"cache: {data.folder}"]
+    if not data.reused:
+        mb = sum(s["bytes"] for s in m["splits"].values()) / 1e6
+        lines.append(f"tokenizer {m['tokenizer_seconds']:.2f} s, encoding {mb:,.1f} MB in "
+                     f"{m['encode_seconds']:.2f} s ({mb / max(m['encode_seconds'], 1e-9):.1f} "
+                     "MB/s)")
+    lines.append(f"{'split':6} {'documents':>10} {'characters':>14} {'bytes':>14} "
+                 f"{'tokens':>14} {'shards':>7} {'bytes/token':>12}")
     for split in ("train", "val"):
         s = m["splits"][split]
-        lines.append(f"{split:6} {s['documents']:>10,} {s['characters']:>12,} {s['bytes']:>12,} "
-                     f"{s['tokens']:>12,} {s['bytes_per_token']:>12.4f}")
+        lines.append(f"{split:6} {s['documents']:>10,} {s['characters']:>14,} {s['bytes']:>14,} "
+                     f"{s['tokens']:>14,} {len(s['shards']):>7} {s['bytes_per_token']:>12.4f}")
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default="shakespeare", help="a file name in configs/data/")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="DataConfig overrides, e.g. tokenizer=bpe vocab_size=4096")
-    args = parser.parse_args()
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
     try:
+        cfg = load_config(argv)
         start = time.perf_counter()
-        data = prepare(load_config(args.data, args.set))
+        data = prepare(cfg)
         print(report(data, time.perf_counter() - start))
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -69,4 +75,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,12 +1,16 @@
-"""data/batching.py: shapes, masks, targets, determinism, resuming and the DDP row split."""
+"""data/batching.py: shapes, masks, targets, determinism, resuming, the DDP row split, and
+batches drawn across the shard files of data/shards.py."""
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from data.batching import Batcher, doc_pieces, fixed_batches
-from data.errors import DataError
-from model.gpt import IGNORE_INDEX
+from data.errors import IGNORE_INDEX, DataError
+from data.shards import ShardedTokens, ShardWriter, shard_name
 
 PAD, EOT = 0, 1
 # Three documents of lengths 7, 3 and 12 (EOT included), ids unique per position (>= 2).
@@ -111,3 +115,58 @@ def test_bad_batching_input():
     with pytest.raises(DataError, match="No document has the 2 tokens"):
         Batcher(np.array([EOT], dtype=np.uint16), np.array([0]), block_size=4, batch_size=1,
                 packing="pad", pad_id=PAD, seed=0)
+
+
+def test_ignore_index_is_the_models_and_cross_entropys():
+    import torch.nn.functional as F
+
+    from model.gpt import IGNORE_INDEX as MODEL_IGNORE_INDEX
+    assert IGNORE_INDEX == MODEL_IGNORE_INDEX == -100
+    logits, targets = torch.randn(3, 5), torch.tensor([1, IGNORE_INDEX, 2])
+    assert torch.equal(F.cross_entropy(logits, targets),
+                       F.cross_entropy(logits[[0, 2]], targets[[0, 2]]))
+
+
+def test_data_imports_nothing_from_model():
+    code = ("import sys, data.prepare, data.batching, data.corpus, data.hub; "
+            "print(sorted(m for m in sys.modules if m == 'model' or m.startswith('model.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=__file__.rsplit("/tests/", 1)[0], check=True).stdout
+    assert out.strip() == "[]"
+
+
+def sharded(tmp_path, tokens: np.ndarray, shard_tokens: int, pieces: int = 3) -> ShardedTokens:
+    """`tokens` written through ShardWriter in `pieces` uneven writes, read back as shards."""
+    writer = ShardWriter(tmp_path, "train", "uint16", shard_tokens)
+    for part in np.array_split(tokens, pieces):
+        writer.write(part, np.zeros(0, np.int64))
+    writer.close()
+    assert writer.shard_sizes == [len(a) for a in np.array_split(
+        tokens, range(shard_tokens, len(tokens), shard_tokens))]
+    paths = [tmp_path / shard_name("train", i) for i in range(len(writer.shard_sizes))]
+    return ShardedTokens(paths, writer.shard_sizes, "uint16")
+
+
+def test_sharded_tokens_slice_like_one_array(tmp_path):
+    tokens = sharded(tmp_path, TOKENS, shard_tokens=5)
+    assert len(tokens.shards) == 5 and len(tokens) == len(TOKENS)
+    for a in range(len(TOKENS) + 1):
+        for b in range(a, len(TOKENS) + 2):
+            got = tokens[a:b]
+            assert isinstance(got, np.ndarray) and np.array_equal(got, TOKENS[a:b]), (a, b)
+    assert [tokens[i] for i in range(-3, 3)] == TOKENS[list(range(-3, 3))].tolist()
+    assert np.array_equal(np.asarray(tokens), TOKENS) and list(tokens) == TOKENS.tolist()
+    assert np.array_equal(tokens[2:20:3], TOKENS[2:20:3])
+    with pytest.raises(IndexError):
+        tokens[len(TOKENS)]
+
+
+@pytest.mark.parametrize("packing", ["concat", "pad"])
+def test_batches_across_shards_equal_batches_of_one_array(tmp_path, packing):
+    """Shards of 3 tokens: nearly every window crosses a shard boundary."""
+    tokens = sharded(tmp_path, TOKENS, shard_tokens=3)
+    flat, split = batcher(packing), Batcher(tokens, DOCS, block_size=4, batch_size=6,
+                                            packing=packing, pad_id=PAD, seed=3)
+    for _ in range(5):
+        a, b = flat.next(), split.next()
+        assert torch.equal(a.idx, b.idx) and torch.equal(a.targets, b.targets)

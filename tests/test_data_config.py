@@ -1,6 +1,9 @@
-"""data/config.py and configs/data/*.yaml: the Hydra schema is exactly DataConfig."""
+"""data/config.py and configs/data/*.yaml: option files state only what differs from the schema
+defaults, every hub corpus pins a revision, and each option composes through Hydra."""
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,26 +12,60 @@ import yaml
 from data.config import DataConfig
 from data.errors import DataError
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "data").glob("*.yaml"))
+REPO = Path(__file__).parent.parent
+CONFIGS = sorted((REPO / "configs" / "data").glob("*.yaml"))
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataConfig)}
+sys.path.insert(0, str(REPO / "scripts"))
+from prepare_data import load_config  # noqa: E402
 
 
 def test_every_source_has_a_config():
     assert {p.stem for p in CONFIGS} >= {"shakespeare", "tinyshakespeare", "wikitext2",
-                                        "wikitext103", "tinystories", "text"}
+                                        "wikitext103", "tinystories", "fineweb_edu", "text"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
-def test_config_keys_are_the_dataclass_fields_each_commented(path):
-    fields = [f.name for f in dataclasses.fields(DataConfig)]
-    values = yaml.safe_load(path.read_text())
-    assert list(values) == fields
+def test_option_files_state_only_what_differs_each_commented(path):
+    values = yaml.safe_load(path.read_text()) or {}
+    assert set(values) <= set(DEFAULTS)
+    same = [k for k, v in values.items() if v == DEFAULTS[k]]
+    assert not same, f"{path.name} repeats schema defaults {same}"
     for line in path.read_text().splitlines():
         if line and not line.startswith("#"):
-            assert "  # " in line, f"{path.name}: undocumented line {line!r}"
-    if values["source"] == "text":
+            assert "  # " in line or " # " in line, f"{path.name}: undocumented line {line!r}"
+    if values.get("source") == "text":
         values["train_files"] = ["some.txt"]
-    cfg = DataConfig(**values)
+    cfg = DataConfig(**{**DEFAULTS, **values})
     assert cfg.name == path.stem
+    if cfg.source == "hub":   # a pinned commit (40 hex digits) or the parquet-export ref
+        assert cfg.hub_revision == "refs/convert/parquet" or (
+            len(cfg.hub_revision) == 40 and int(cfg.hub_revision, 16) >= 0), path.name
+
+
+@pytest.mark.parametrize("name", [p.stem for p in CONFIGS])
+def test_each_option_composes_through_hydra_like_train_py(name):
+    overrides = [f"data={name}"]
+    if name == "text":
+        overrides.append("data.train_files=[some.txt]")
+    values = yaml.safe_load((REPO / "configs" / "data" / f"{name}.yaml").read_text()) or {}
+    cfg = load_config(overrides)
+    assert cfg == DataConfig(**{**DEFAULTS, **values,
+                                **({"train_files": ["some.txt"]} if name == "text" else {})})
+
+
+def test_prepare_data_takes_train_py_overrides_and_fails_cleanly(tmp_path):
+    cfg = load_config(["data=text", "data.name=mine", "data.train_files=[a.txt,b.txt]",
+                       "data.tokenizer=bpe", "data.shard_tokens=1000", "trainer.max_steps=5"])
+    assert (cfg.name, cfg.train_files, cfg.tokenizer, cfg.shard_tokens) == (
+        "mine", ["a.txt", "b.txt"], "bpe", 1000)
+    script = REPO / "scripts" / "prepare_data.py"
+    for bad, needle in ((["data.nosuchkey=1"], "nosuchkey"),
+                        (["data.shard_tokens=abc"], "shard_tokens"),
+                        (["data=text"], "train_files")):
+        proc = subprocess.run([sys.executable, str(script), *bad], capture_output=True,
+                              text=True, cwd=tmp_path)
+        assert proc.returncode == 2 and needle in proc.stderr, (bad, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("field, value, needle", [
@@ -39,6 +76,7 @@ def test_config_keys_are_the_dataclass_fields_each_commented(path):
     ("token_dtype", "int8", "data.token_dtype"),
     ("val_fraction", 1.0, "data.val_fraction"),
     ("name", "a/b", "data.name"),
+    ("shard_tokens", 0, "data.shard_tokens"),
 ])
 def test_bad_fields_name_the_field(field, value, needle):
     with pytest.raises(DataError, match=needle.replace(".", r"\.")):

