@@ -60,9 +60,10 @@ def read(path: Path) -> dict:
     except Exception as err:   # torch raises KeyError, EOFError, RuntimeError, UnpicklingError
         if "Weights only load failed" in str(err):
             raise CheckpointError(path, (
-                "it holds Python objects other than tensors and plain containers, so it was "
-                "not opened (unpickling them could run code); checkpoints of older attnscale "
-                "versions and other programs' files look like this.")) from None
+                "it does not read as tensors and plain containers: either it is corrupt, or it "
+                "holds other Python objects (checkpoints of older attnscale versions and other "
+                "programs' files do), which are not unpickled since that could run code."
+                )) from None
         first_line = (str(err).splitlines() or [""])[0][:120]
         raise CheckpointError(path, (
             f"it is not a readable PyTorch file ({type(err).__name__}: {first_line}); it is "
