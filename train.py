@@ -28,7 +28,6 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from data.errors import DataError
 from model.errors import UserError
 from trainer import checkpoint
 from trainer.build import build, lr_at
@@ -174,7 +173,7 @@ def hydra_main(cfg: DictConfig) -> None:
     world = dist.get_world_size() if dist.is_initialized() else 1
     try:
         summary = train(cfg, run_dir)
-    except (UserError, DataError) as err:
+    except UserError as err:
         if rank == 0:
             remove_if_unstarted(run_dir)
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)

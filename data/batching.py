@@ -24,7 +24,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from data.errors import IGNORE_INDEX, DataError
+from model.errors import DataError
+from model.gpt import IGNORE_INDEX
 
 
 @dataclass

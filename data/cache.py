@@ -18,8 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
-from data.errors import DataError
 from data.shards import open_split
+from model.errors import DataError
 
 FORMAT_VERSION = 2
 

@@ -8,7 +8,7 @@ so a typo in a source name fails before anything is downloaded or tokenised.
 from dataclasses import dataclass
 from typing import Optional
 
-from data.errors import DataError
+from model.errors import DataError, invalid
 
 SOURCES = ("shakespeare", "hub", "text")
 TOKENIZERS = ("char", "bpe")
@@ -23,10 +23,6 @@ DOCUMENTS = {
 # Byte-level BPE needs its 256 byte symbols plus the two special tokens; uint32 ids cap the top.
 MIN_BPE_VOCAB = 256 + 2
 MAX_VOCAB = 2**32 - 1
-
-
-def _bad(field: str, value, fix: str) -> DataError:
-    return DataError(f"data.{field}={value!r} is not valid: {fix}")
 
 
 @dataclass(frozen=True)
@@ -55,34 +51,34 @@ class DataConfig:
 
     def __post_init__(self):
         if self.source not in SOURCES:
-            raise _bad("source", self.source, f"choose one of {', '.join(SOURCES)} "
-                       "(or pick a file from configs/data/ with data=<name>).")
+            raise invalid("data.source", self.source, f"choose one of {', '.join(SOURCES)} "
+                       "(or pick a file from configs/data/ with data=<name>).", DataError)
         if not self.name or "/" in self.name or self.name.startswith("."):
-            raise _bad("name", self.name, "use a short non-empty name without '/', "
-                       "it becomes part of the cache folder name.")
+            raise invalid("data.name", self.name, "use a short non-empty name without '/', "
+                       "it becomes part of the cache folder name.", DataError)
         if self.tokenizer not in TOKENIZERS:
-            raise _bad("tokenizer", self.tokenizer, f"choose one of {', '.join(TOKENIZERS)}.")
+            raise invalid("data.tokenizer", self.tokenizer, f"choose one of {', '.join(TOKENIZERS)}.", DataError)
         if self.tokenizer == "bpe" and not MIN_BPE_VOCAB <= self.vocab_size <= MAX_VOCAB:
-            raise _bad("vocab_size", self.vocab_size, f"byte-level BPE needs at least "
+            raise invalid("data.vocab_size", self.vocab_size, f"byte-level BPE needs at least "
                        f"{MIN_BPE_VOCAB} ids (256 bytes + pad + end-of-text) and at most "
-                       f"{MAX_VOCAB} (the uint32 token file limit).")
+                       f"{MAX_VOCAB} (the uint32 token file limit).", DataError)
         if self.packing not in PACKINGS:
-            raise _bad("packing", self.packing, f"choose one of {', '.join(PACKINGS)}.")
+            raise invalid("data.packing", self.packing, f"choose one of {', '.join(PACKINGS)}.", DataError)
         if self.document not in DOCUMENTS[self.source]:
-            raise _bad("document", self.document, f"source {self.source!r} supports "
-                       f"{', '.join(DOCUMENTS[self.source])}.")
+            raise invalid("data.document", self.document, f"source {self.source!r} supports "
+                       f"{', '.join(DOCUMENTS[self.source])}.", DataError)
         if self.source == "hub" and not self.hub_id:
-            raise _bad("hub_id", self.hub_id, "the hub source needs a dataset id such as "
-                       "'Salesforce/wikitext' or a local folder laid out like a hub dataset.")
+            raise invalid("data.hub_id", self.hub_id, "the hub source needs a dataset id such as "
+                       "'Salesforce/wikitext' or a local folder laid out like a hub dataset.", DataError)
         if self.source == "text" and not self.train_files:
-            raise _bad("train_files", self.train_files, "the text source needs a list of "
-                       "files or globs, e.g. data.train_files=[/path/to/*.txt].")
+            raise invalid("data.train_files", self.train_files, "the text source needs a list of "
+                       "files or globs, e.g. data.train_files=[/path/to/*.txt].", DataError)
         if self.token_dtype not in TOKEN_DTYPES:
-            raise _bad("token_dtype", self.token_dtype, f"choose one of {', '.join(TOKEN_DTYPES)}"
-                       " (auto: uint16 when the vocabulary fits in 65,536 ids, else uint32).")
+            raise invalid("data.token_dtype", self.token_dtype, f"choose one of {', '.join(TOKEN_DTYPES)}"
+                       " (auto: uint16 when the vocabulary fits in 65,536 ids, else uint32).", DataError)
         if self.shard_tokens < 1 or self.bpe_sample_mb < 1:
-            raise _bad("shard_tokens/bpe_sample_mb", (self.shard_tokens, self.bpe_sample_mb),
-                       "both must be positive integers.")
+            raise invalid("data.shard_tokens/bpe_sample_mb", (self.shard_tokens, self.bpe_sample_mb),
+                       "both must be positive integers.", DataError)
         if not 0.0 < self.val_fraction < 1.0:
-            raise _bad("val_fraction", self.val_fraction, "use a fraction strictly between "
-                       "0 and 1 (used by the text source when val_files is not given).")
+            raise invalid("data.val_fraction", self.val_fraction, "use a fraction strictly between "
+                       "0 and 1 (used by the text source when val_files is not given).", DataError)

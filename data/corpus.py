@@ -9,10 +9,10 @@ cache key), `pieces(split)` (the split streamed as document pieces, data/documen
 from pathlib import Path
 
 from data.config import DataConfig
-from data.errors import DataError
 from data.hub import HubSource
 from data.shakespeare import ShakespeareSource
 from data.textfiles import TextSource
+from model.errors import DataError
 
 
 def open_source(cfg: DataConfig, cache_root: Path):

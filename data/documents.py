@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from data.errors import DataError
+from model.errors import DataError
 
 Piece = tuple[str, bool]   # (text continuing the current document, whether it ends it)
 CHUNK_CHARS = 1 << 20      # pieces are about this long; the tokenizers encode them in parallel

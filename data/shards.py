@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import DataError
+from model.errors import DataError
 
 
 def shard_name(split: str, index: int) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.documents import Piece, decode_utf8, normalise_stream, record_pieces, safe_cut
-from data.errors import DataError
+from model.errors import DataError
 
 BLOCK_BYTES = 1 << 20
 SAMPLE_BYTES = 1 << 16

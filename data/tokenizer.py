@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from data.errors import DataError
+from model.errors import DataError
 
 PAD = "<|pad|>"
 EOT = "<|endoftext|>"

@@ -24,8 +24,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from data.config import DataConfig  # noqa: E402
-from data.errors import DataError  # noqa: E402
 from data.prepare import prepare  # noqa: E402
+from model.errors import DataError  # noqa: E402
 from trainer.schema import register_configs  # noqa: E402
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from data.batching import Batcher, doc_pieces, fixed_batches
-from data.errors import IGNORE_INDEX, DataError
 from data.shards import ShardedTokens, ShardWriter, shard_name
+from model.errors import DataError
+from model.gpt import IGNORE_INDEX
 
 PAD, EOT = 0, 1
 # Three documents of lengths 7, 3 and 12 (EOT included), ids unique per position (>= 2).

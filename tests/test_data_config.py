@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from data.config import DataConfig
-from data.errors import DataError
+from model.errors import DataError
 
 REPO = Path(__file__).parent.parent
 CONFIGS = sorted((REPO / "configs" / "data").glob("*.yaml"))

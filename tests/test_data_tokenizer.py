@@ -2,8 +2,8 @@
 
 import pytest
 
-from data.errors import DataError
 from data.tokenizer import EOT, PAD, build_tokenizer, encode
+from model.errors import DataError
 
 TRAIN = ["To be, or not to be: that is the question.\n", "Whether 'tis nobler in the mind\n"
          "to suffer the slings and arrows of outrageous fortune.\n",

@@ -15,14 +15,10 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-from model.errors import ConfigError
+from model.errors import ConfigError, invalid
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 ON_NAN = ("stop", "raise")
-
-
-def _bad(key: str, value, fix: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} is not valid: {fix}")
 
 
 @dataclass(frozen=True)
@@ -39,18 +35,18 @@ class OptimConfig:
 
     def __post_init__(self):
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise _bad("optim.lr", self.lr, "use a positive finite learning rate, e.g. 1e-3.")
+            raise invalid("optim.lr", self.lr, "use a positive finite learning rate, e.g. 1e-3.")
         if not 0 <= self.min_lr <= self.lr:
-            raise _bad("optim.min_lr", self.min_lr, f"use a value in [0, optim.lr={self.lr}].")
+            raise invalid("optim.min_lr", self.min_lr, f"use a value in [0, optim.lr={self.lr}].")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise _bad("optim.betas", self.betas, "use two numbers in [0, 1), e.g. [0.9,0.99].")
+            raise invalid("optim.betas", self.betas, "use two numbers in [0, 1), e.g. [0.9,0.99].")
         if self.weight_decay < 0 or self.eps <= 0:
-            raise _bad("optim.weight_decay/eps", (self.weight_decay, self.eps),
+            raise invalid("optim.weight_decay/eps", (self.weight_decay, self.eps),
                        "weight_decay must be >= 0 and eps > 0.")
         if self.warmup_steps < 0:
-            raise _bad("optim.warmup_steps", self.warmup_steps, "use 0 or more steps.")
+            raise invalid("optim.warmup_steps", self.warmup_steps, "use 0 or more steps.")
         if self.grad_clip < 0:
-            raise _bad("optim.grad_clip", self.grad_clip, "use 0 (off) or a positive norm.")
+            raise invalid("optim.grad_clip", self.grad_clip, "use 0 (off) or a positive norm.")
 
 
 @dataclass(frozen=True)
@@ -81,25 +77,25 @@ class TrainerConfig:
         for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters",
                     "log_every", "ckpt_every"):
             if getattr(self, key) < 1:
-                raise _bad(f"trainer.{key}", getattr(self, key), "use a positive integer.")
+                raise invalid(f"trainer.{key}", getattr(self, key), "use a positive integer.")
         if self.precision not in PRECISIONS:
-            raise _bad("trainer.precision", self.precision, f"choose {' | '.join(PRECISIONS)}.")
+            raise invalid("trainer.precision", self.precision, f"choose {' | '.join(PRECISIONS)}.")
         if self.on_nan not in ON_NAN:
-            raise _bad("trainer.on_nan", self.on_nan, f"choose {' | '.join(ON_NAN)}.")
+            raise invalid("trainer.on_nan", self.on_nan, f"choose {' | '.join(ON_NAN)}.")
         if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
-            raise _bad("trainer.device", self.device, "choose auto, cpu, cuda, cuda:N or mps.")
+            raise invalid("trainer.device", self.device, "choose auto, cpu, cuda, cuda:N or mps.")
         if not (self.threads in ("auto", None) or (
                 isinstance(self.threads, int) and not isinstance(self.threads, bool)
                 and self.threads >= 1)):
-            raise _bad("trainer.threads", self.threads, "use auto, a number of threads >= 1, "
+            raise invalid("trainer.threads", self.threads, "use auto, a number of threads >= 1, "
                        "or null (leave PyTorch's count as it is).")
         if self.sample_tokens < 0 or self.sample_temperature < 0:
-            raise _bad("trainer.sample_tokens/sample_temperature",
+            raise invalid("trainer.sample_tokens/sample_temperature",
                        (self.sample_tokens, self.sample_temperature), "use values >= 0.")
         if self.sample_top_k is not None and self.sample_top_k < 1:
-            raise _bad("trainer.sample_top_k", self.sample_top_k, "use null or >= 1.")
+            raise invalid("trainer.sample_top_k", self.sample_top_k, "use null or >= 1.")
         if self.full_eval_tokens is not None and self.full_eval_tokens < 1:
-            raise _bad("trainer.full_eval_tokens", self.full_eval_tokens,
+            raise invalid("trainer.full_eval_tokens", self.full_eval_tokens,
                        "use null (score the whole validation split) or a positive token count.")
 
 
