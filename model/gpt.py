@@ -12,6 +12,8 @@ Dimension letters: B batch, T time, C model width (d_model), V vocabulary size.
 """
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -23,7 +25,18 @@ from torch import Tensor
 from model.attention import MultiHeadAttention, ScalingConfig, check_attn_impl
 from model.errors import ConfigError
 
-IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (padding)
+IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Dropout off inside the block; the module's training mode is restored after, even on error."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 class MLP(nn.Module):
@@ -198,16 +211,12 @@ class GPT(nn.Module):
         Always in eval mode (dropout off), so the numbers describe the model itself and no
         random stream is consumed; the module's training mode is restored afterwards.
         """
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             x = self._hidden(idx, valid_mask)
             stats = []
             for block in self.blocks:
                 x, layer_stats = block(x, valid_mask, return_stats=True)
                 stats.append(layer_stats)
-        finally:
-            self.train(was_training)
         return stats
 
     @torch.no_grad()

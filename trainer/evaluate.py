@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from model.gpt import IGNORE_INDEX
+from model.gpt import IGNORE_INDEX, eval_mode
 from trainer import checkpoint
 from trainer.build import Run
 from trainer.full_eval import full_split_loss
@@ -21,15 +21,13 @@ from trainer.step import all_reduce_sum, to_device
 @torch.no_grad()
 def estimate_loss(model, batches, ctx, device) -> float:
     """Mean loss over every real target of the fixed batches of all processes, in eval mode."""
-    was_training = model.training
-    model.eval()
     total = torch.zeros(2, device=device)   # (sum of token losses, number of real targets)
-    for batch in batches:
-        idx, targets, valid = to_device(batch, device)
-        with ctx:
-            loss_sum = model(idx, targets, valid, reduction="sum")[1].float()
-        total += torch.stack([loss_sum, (targets != IGNORE_INDEX).sum().float()])
-    model.train(was_training)
+    with eval_mode(model):
+        for batch in batches:
+            idx, targets, valid = to_device(batch, device)
+            with ctx:
+                loss_sum = model(idx, targets, valid, reduction="sum")[1].float()
+            total += torch.stack([loss_sum, (targets != IGNORE_INDEX).sum().float()])
     loss_sum, count = all_reduce_sum(total).tolist()
     return loss_sum / count
 

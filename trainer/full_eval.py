@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from model.gpt import eval_mode
+
 
 @dataclass(frozen=True)
 class FullEval:
@@ -59,11 +61,9 @@ def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_si
         raise ValueError(f"a split of {n} token(s) has no target to score")
     starts = window_starts(n, block_size, max_tokens)
     mine = starts[rank::world]
-    was_training = model.training
-    model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.float64, device=device)
-    try:
+    with eval_mode(model):
         # Full windows go in batches; a short last window (at most one) goes alone.
         full = [s for s in mine if s + block_size + 1 <= n]
         short = [s for s in mine if s + block_size + 1 > n]
@@ -80,8 +80,6 @@ def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_si
             loss_sum += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
                                         reduction="sum").double()
             count += targets.numel()
-    finally:
-        model.train(was_training)
     if dist.is_initialized():
         dist.all_reduce(loss_sum)
         dist.all_reduce(count)
