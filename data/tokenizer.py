@@ -1,41 +1,71 @@
-"""Character and byte-level BPE tokenizers, built with the `tokenizers` library.
+"""Documents to token ids: the char and byte-level BPE tokenizers, and the batch encoders.
 
-Both put the special tokens first, so every tokenizer here has pad = 0 and end-of-text = 1
-(the model's `generate` pads with 0 by default). The `tokenizers` object is the reference: it is
-saved as tokenizer.json, encodes prompts and decodes samples.
+Both tokenizers are built with the `tokenizers` library and put the special tokens first, so
+every tokenizer here has pad = 0 and end-of-text = 1 (the model's `generate` pads with 0 by
+default). The `tokenizers` object is the reference: it is saved as tokenizer.json, encodes
+prompts and decodes samples.
 
 - char: a BPE model with no merges over the set of characters in the corpus, so each character
   is one id and decoding concatenates (the Fuse decoder): an exact round trip. The character set
   comes from both splits: it is an alphabet, not a statistic learned from the training text, and
-  a validation character missing from it could not be encoded at all. Preparing the token files
+  a validation character missing from it could not be encoded at all. Writing the token files
   uses `CharTable`, a code point -> id lookup table that gives the same ids without any BPE
   machinery (tests/test_data_tokenizer.py holds the two equal).
 - bpe: byte-level BPE (GPT-2 style pre-tokenisation, 256 byte symbols, no prefix space) trained
-  on a sample of the training split (data/prepare.py `bpe_sample`), `vocab_size` ids in total
-  including the two special tokens.
+  on a sample of the training split (`bpe_sample`), `vocab_size` ids in total including the two
+  special tokens. It encodes exact pieces of about `BPE_PIECE_CHARS` (below): the ids of the
+  whole text, and `tokenizers` encodes short inputs several times faster per byte.
+
+`char_encoder` and `bpe_encoder` turn a batch of texts into (flat ids, ids per text), the form
+data/prepare.py writes into the token shards.
+
+Documents as pieces (the second half of this file). Sources (data/sources.py) stream each split
+as `(text, ends)` pieces of documents. Pieces of one document are cut only at a *safe cut*:
+after a newline that follows a non-space character and precedes one (`x\\n|y`), else before a
+single space between two non-space characters (`x| y`). Byte-level BPE pre-tokenizes with
+GPT-2's pattern, whose tokens never span such a cut, so encoding the pieces one by one gives
+exactly the ids of encoding the whole document; normalisation never matches across one either.
+Only a stretch of `CUT_WINDOW` characters without a safe cut (no space between words: a
+minified file, a long URL) is cut elsewhere, between two non-space characters: exact for
+`char`, while for `bpe` it can split one pre-token in two.
 """
 
+import array
+import itertools
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from data.config import DataConfig
 from model.errors import DataError
 
 PAD = "<|pad|>"
 EOT = "<|endoftext|>"
 SPECIALS = [PAD, EOT]   # ids 0 and 1
 N_CODE_POINTS = 0x110000
+BPE_PIECE_CHARS = 1 << 12    # BPE encodes and trains on exact pieces of about this size
+SPLITS = ("train", "val")
+Piece = tuple[str, bool]   # (text continuing the current document, whether it ends it)
 _SPECIAL = re.compile("|".join(map(re.escape, SPECIALS)))
 
 
-def code_points(text: str) -> np.ndarray:
-    """(len(text),) uint32 Unicode code points, without a Python loop."""
-    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+def build_tokenizer(cfg: DataConfig, source) -> Tokenizer:
+    """The tokenizer `cfg` asks for, learned from the source's pieces in one streaming pass."""
+    if cfg.tokenizer == "char":
+        texts = (text for split in SPLITS for text, _ in source.pieces(split))
+        tok = build_char(alphabet_of(texts))
+    else:
+        tok = build_bpe(bpe_sample(source, cfg.bpe_sample_mb << 20), cfg.vocab_size)
+    if tok.token_to_id(PAD) != 0 or tok.token_to_id(EOT) != 1:
+        raise DataError(f"The {cfg.tokenizer} tokenizer did not place {PAD} and {EOT} at ids "
+                        "0 and 1.")
+    return tok
 
 
-def build_char_from_alphabet(chars: Iterable[str]) -> Tokenizer:
+def build_char(chars: Iterable[str]) -> Tokenizer:
     """The char tokenizer over `chars` (single characters), ids in code point order."""
     chars = sorted(set(chars))
     vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
@@ -43,10 +73,6 @@ def build_char_from_alphabet(chars: Iterable[str]) -> Tokenizer:
     tok.add_special_tokens(SPECIALS)
     tok.decoder = decoders.Fuse()
     return tok
-
-
-def build_char(train: list[str], val: list[str]) -> Tokenizer:
-    return build_char_from_alphabet(set().union(*map(set, train), *map(set, val)))
 
 
 def build_bpe(train: Iterable[str], vocab_size: int) -> Tokenizer:
@@ -61,15 +87,41 @@ def build_bpe(train: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def build_tokenizer(kind: str, train: list[str], val: list[str], vocab_size: int) -> Tokenizer:
-    tok = build_char(train, val) if kind == "char" else build_bpe(train, vocab_size)
-    check_specials(tok, kind)
-    return tok
+def bpe_sample(source, max_bytes: int) -> Iterator[str]:
+    """Every k-th exact piece (about BPE_PIECE_CHARS) of the training split, k chosen so that
+    about `max_bytes` are taken: deterministic, spread over the whole split, and all of it when
+    the split is smaller. A split of unknown size (streamed) gives its first `max_bytes`."""
+    size = source.size("train")
+    stride = max(1, math.ceil(size / max_bytes)) if size else 1
+    taken, i = 0, 0
+    for text, _ in source.pieces("train"):
+        for piece in exact_pieces(text, BPE_PIECE_CHARS):
+            if i % stride == 0 and piece:
+                yield piece
+                taken += len(piece)
+                if taken >= max_bytes:
+                    return
+            i += 1
 
 
-def check_specials(tok: Tokenizer, kind: str) -> None:
-    if tok.token_to_id(PAD) != 0 or tok.token_to_id(EOT) != 1:
-        raise DataError(f"The {kind} tokenizer did not place {PAD} and {EOT} at ids 0 and 1.")
+def alphabet_of(texts: Iterable[str], group_chars: int = 1 << 20) -> list[str]:
+    """Every distinct character of `texts`, found with a boolean table over code points
+    (short texts are joined into groups of about `group_chars` first)."""
+    seen = np.zeros(N_CODE_POINTS, dtype=bool)
+    group, size = [], 0
+    for text in texts:
+        group.append(text)
+        size += len(text)
+        if size >= group_chars:
+            seen[code_points("".join(group))] = True
+            group, size = [], 0
+    seen[code_points("".join(group))] = True
+    return [chr(c) for c in np.flatnonzero(seen)]
+
+
+def code_points(text: str) -> np.ndarray:
+    """(len(text),) uint32 Unicode code points, without a Python loop."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
 def encode(tok: Tokenizer, text: str) -> list[int]:
@@ -115,16 +167,169 @@ class CharTable:
         return ids.view(np.uint32)
 
 
-def alphabet_of(texts: Iterable[str], group_chars: int = 1 << 20) -> list[str]:
-    """Every distinct character of `texts`, found with a boolean table over code points
-    (short texts are joined into groups of about `group_chars` first)."""
-    seen = np.zeros(N_CODE_POINTS, dtype=bool)
-    group, size = [], 0
-    for text in texts:
-        group.append(text)
-        size += len(text)
-        if size >= group_chars:
-            seen[code_points("".join(group))] = True
-            group, size = [], 0
-    seen[code_points("".join(group))] = True
-    return [chr(c) for c in np.flatnonzero(seen)]
+def char_encoder(tok: Tokenizer):
+    """texts -> (flat ids, ids per text) through the lookup table: one id per character."""
+    table = CharTable(tok)
+
+    def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        flat = table.encode("".join(texts))
+        if len(flat) != lengths.sum():   # a special-token string: encode text by text
+            rows = [table.encode(t) for t in texts]
+            lengths = np.array([len(r) for r in rows], dtype=np.int64)
+            flat = np.concatenate(rows)
+        return flat, lengths
+    return encode_batch
+
+
+def bpe_encoder(tok: Tokenizer):
+    """texts -> (flat ids, ids per text), through `tokenizers`' parallel batch encoding of the
+    texts' exact pieces."""
+    def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        pieces = [exact_pieces(t, BPE_PIECE_CHARS) for t in texts]
+        owner = np.repeat(np.arange(len(texts)), [len(p) for p in pieces])   # (n_pieces,)
+        encodings = tok.encode_batch_fast(list(itertools.chain.from_iterable(pieces)),
+                                          add_special_tokens=False)
+        flat = array.array("I")   # extending a C array is the cheapest way out of Python ints
+        for e in encodings:
+            flat.extend(e.ids)
+        piece_len = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
+        lengths = np.bincount(owner, weights=piece_len, minlength=len(texts)).astype(np.int64)
+        return np.frombuffer(flat, dtype=np.uint32), lengths
+    return encode_batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Documents as pieces: safe cuts, normalisation, the document rules
+
+CHUNK_CHARS = 1 << 20      # pieces are about this long; the tokenizers encode them in parallel
+CUT_WINDOW = 1 << 16       # how far back from the end of a buffer a safe cut is looked for
+_SAFE_CUT = re.compile(r"\S\n(?=\S)|\S(?= \S)")
+_NON_SPACE_PAIR = re.compile(r"\S(?=\S)")   # the fallback: no whitespace rule can match here
+_BLANK_RUN = re.compile(r"\n{3,}")
+# A wikitext article starts at a level-1 heading line " = Title = " (level 2 is " = = x = = ").
+_ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+
+
+def safe_cut(text: str) -> int:
+    """The last safe cut in `text` (see the module docstring), 0 when it has none."""
+    for pattern in (_SAFE_CUT, _NON_SPACE_PAIR):
+        for window in (1 << 10, CUT_WINDOW):   # most text has a cut in its last kilobyte
+            last = None
+            for match in pattern.finditer(text, max(0, len(text) - window)):
+                last = match
+            if last is not None and (pattern is _SAFE_CUT or len(text) >= CUT_WINDOW):
+                return last.end()
+    return len(text) if len(text) >= CUT_WINDOW else 0
+
+
+def chunked(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
+    """`text` in safe-cut pieces of about `size` characters (one piece when it is shorter)."""
+    start = 0
+    while len(text) - start > size + CUT_WINDOW:
+        window = text[start:start + size]
+        cut = safe_cut(window) or size
+        yield window[:cut]
+        start += cut
+    if start < len(text):
+        yield text[start:]
+
+
+def exact_pieces(text: str, size: int) -> list[str]:
+    """`text` cut at the first safe cut after every `size` characters, never anywhere else:
+    BPE encodes these pieces to exactly the ids of the whole text."""
+    out, start = [], 0
+    while len(text) - start > 2 * size:
+        m = _SAFE_CUT.search(text, start + size)
+        if m is None:
+            break
+        out.append(text[start:m.end()])
+        start = m.end()
+    out.append(text[start:])
+    return out
+
+
+def normalise(text: str) -> str:
+    """Unix line endings, no trailing spaces, at most one blank line in a row, one final newline."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    return text.strip("\n") + "\n" if text.strip() else ""
+
+
+def normalise_stream(chunks: Iterable[str]) -> Iterator[str]:
+    """`normalise` of the concatenation of safe-cut chunks, chunk by chunk."""
+    started, held = False, ""
+    for chunk in chunks:
+        text = _normalise_chunk(chunk)
+        if not started:
+            text = text.lstrip("\n")
+            started = bool(text)
+        if text:
+            if held:
+                yield held
+            held = text
+    if held.strip():
+        yield held.rstrip("\n") + "\n"
+
+
+def _normalise_chunk(text: str) -> str:
+    """`normalise`'s three rewrites, each skipped when a plain search finds nothing to do
+    (a regex that may start at every space costs more than the rest of preparation)."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if " \n" in text or "\t\n" in text:
+        lines = text.split("\n")
+        text = "\n".join([line.rstrip(" \t") for line in lines[:-1]] + lines[-1:])
+    if "\n\n\n" in text:
+        text = _BLANK_RUN.sub("\n\n", text)
+    return text
+
+
+def record_pieces(chunks: Iterable[str], document: str) -> Iterator[Piece]:
+    """The pieces of one record (a file, a hub row, a work) given as safe-cut chunks.
+
+    row / file / work: the record is one document. line: each line is one. paragraph: blank
+    lines separate them. Safe cuts never fall inside a line break run, so a chunk that does not
+    end with a newline continues its last line or paragraph into the next chunk.
+    """
+    if document in ("row", "file", "work"):
+        held = None
+        for chunk in chunks:
+            if held is not None:
+                yield held, False
+            held = chunk
+        if held is not None:
+            yield held, True
+        return
+    if document not in ("line", "paragraph"):
+        raise DataError(f"document kind {document!r} is unknown; use row, line, paragraph, "
+                        "article, file or work.")
+    split = (lambda t: t.split("\n")) if document == "line" else _PARAGRAPH_BREAK.split
+    open_tail = False
+    for chunk in chunks:
+        parts = split(chunk)
+        if open_tail:   # the first part finishes the document left open by the last chunk
+            yield parts[0], len(parts) > 1
+            if len(parts) == 1:
+                continue
+            parts = parts[1:]
+        yield from ((p, True) for p in parts[:-1])
+        open_tail = bool(parts[-1])
+        if open_tail:
+            yield parts[-1], False
+    if open_tail:
+        yield "", True
+
+
+def article_pieces(rows: Iterable[str]) -> Iterator[Piece]:
+    """Wikitext-style rows (one line each) grouped into articles at each level-1 heading."""
+    started = False
+    for row in rows:
+        if started and _ARTICLE_HEADING.match(row.rstrip("\n")):
+            yield "", True
+        started = True
+        yield row, False
+    if started:
+        yield "", True

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import cache
 from data.config import DataConfig
-from data.prepare import prepare
+from data.prepare import load, prepare
 from model.errors import DataError
 
 DOCS = ["It is a truth universally acknowledged.\n", "Call me Ishmael.\n",
@@ -33,6 +32,15 @@ def text_cfg(tmp_path: Path, **kw) -> DataConfig:
                   train_files=[str(tmp_path / "corpus" / "*.txt")],
                   val_files=[str(tmp_path / "val.txt")])
     return DataConfig(**{**fields, **kw})
+
+
+def complete(folder: Path) -> bool:
+    """Whether `folder` loads: meta.json, tokenizer.json and every shard it lists, full size."""
+    try:
+        load(folder)
+        return True
+    except (OSError, ValueError, KeyError, TypeError):   # DataError is a ValueError
+        return False
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -123,9 +131,9 @@ def test_killed_build_is_cleaned_up_and_rebuilt(tmp_path):
     assert proc.returncode == 9
     tokens = tmp_path / "cache" / "tokens"
     leftovers = [p for p in tokens.iterdir() if ".tmp-" in p.name]
-    assert len(leftovers) == 1 and not cache.is_complete(leftovers[0])
+    assert len(leftovers) == 1 and not complete(leftovers[0])
     data = prepare(cfg)
-    assert not data.reused and cache.is_complete(data.tokenizer_path.parent)
+    assert not data.reused and complete(data.tokenizer_path.parent)
     assert not any(".tmp-" in p.name for p in tokens.iterdir())
 
 
@@ -151,13 +159,13 @@ def test_two_processes_prepare_at_once(tmp_path):
     assert sorted(r["reused"] for r in results) == [False, True]   # one built, one reused
     assert results[0]["sum"] == results[1]["sum"]
     folders = [p for p in (tmp_path / "cache" / "tokens").iterdir() if p.is_dir()]
-    assert len(folders) == 1 and cache.is_complete(folders[0])
+    assert len(folders) == 1 and complete(folders[0])
 
 
 def test_shakespeare_source_through_prepare(tmp_path, monkeypatch):
     from tests.test_data_sources import MINI_WORKS, make_tar
     tar = make_tar(tmp_path / "mini.tar.gz", MINI_WORKS)
-    monkeypatch.setattr("data.shakespeare.fetch_archive", lambda root: tar)
+    monkeypatch.setattr("data.sources.fetch_archive", lambda root: tar)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     data = prepare(DataConfig(cache_dir=str(tmp_path / "cache")))
     assert data.meta["info"]["works"] == 7 and data.meta["document"] == "work"

