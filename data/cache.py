@@ -164,14 +164,6 @@ class ShardedTokens:
             return np.asarray(parts[0])
         return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
 
-    def __iter__(self):
-        for shard in self.shards:
-            yield from shard
-
-    def __array__(self, dtype=None, copy=None):
-        out = self[0:len(self)]
-        return out if dtype is None else out.astype(dtype)
-
 
 def open_split(folder: Path, split: str, meta: dict) -> tuple[ShardedTokens, np.ndarray]:
     """The split's tokens and document starts, after checking every file meta.json lists."""

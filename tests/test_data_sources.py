@@ -224,7 +224,7 @@ def test_hub_source_through_prepare_matches_the_rows(tmp_path, hf_cache):
     cfg = DataConfig(source="hub", name="st", hub_id=str(repo), document="row",
                      cache_dir=str(tmp_path / "cache"))
     data = prepare(cfg)
-    assert data.decode(data.train) == "".join(f"story {i}.\n<|endoftext|>" for i in range(9))
+    assert data.decode(data.train[:]) == "".join(f"story {i}.\n<|endoftext|>" for i in range(9))
     assert len(data.train_docs) == 9 and data.meta["info"]["hub_id"] == str(repo)
     assert prepare(cfg).reused
 
