@@ -8,6 +8,6 @@
     prepare.py     prepare(cfg): find or build a config's token cache and map it
     batching.py    token windows or padded documents to (idx, targets) batches
 
-Nothing in the data path holds a whole corpus in memory: sources stream pieces, the cache
-is written shard by shard and read back as memmaps.
+The data path never holds a whole corpus in memory (the 5 MB Shakespeare works aside): sources
+stream pieces, the cache is written shard by shard and read back as memmaps.
 """

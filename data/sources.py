@@ -1,6 +1,6 @@
 """Where raw documents come from: the shakespeare, text and hub sources, as streams of pieces.
 
-A source gives the token cache (data/cache.py) four things: `identity()` (cheap facts that fix
+A source gives prepare() (data/prepare.py) four things: `identity()` (cheap facts that fix
 its text, for the cache key), `pieces(split)` (the split streamed as document pieces),
 `size(split)` (bytes, for the progress bar and the BPE sample; None when unknown) and `info`
 (facts recorded in meta.json). Opening a source reads no text; `open_source` picks the class a
