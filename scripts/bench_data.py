@@ -1,4 +1,4 @@
-"""Data preparation benchmark: corpus size, MB/s, peak resident memory, cached-start time.
+"""Benchmark data preparation: MB/s, peak resident memory and cached-start time.
 
     python scripts/bench_data.py --mb 1000    # the 1 GB measurement in docs/benchmarks.md
     python scripts/bench_data.py --quick      # 2 MB, for tests/test_data_bench.py
@@ -136,14 +136,37 @@ def format_row(r: dict) -> str:
             f"{r['baseline_cached_wall_s']:.2f} ({r['baseline_cached_prepare_s']:.2f}) |")
 
 
+def positive_mb(value: str) -> float:
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = 0.0
+    if not mb > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a corpus size in MB above 0, e.g. 1000")
+    return mb
+
+
+def names(allowed: tuple[str, ...]):
+    """An argparse type: a comma-separated list of `allowed` names."""
+    def parse(value: str) -> list[str]:
+        picked = value.split(",")
+        wrong = [n for n in picked if n not in allowed]
+        if wrong:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, wrong))}: use a "
+                                             f"comma-separated list of {', '.join(allowed)}")
+        return picked
+    return parse
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mb", type=float, default=1000.0, help="corpus size in MB")
+    parser.add_argument("--mb", type=positive_mb, default=1000.0, help="corpus size in MB")
     parser.add_argument("--quick", action="store_true", help="a 2 MB corpus (for tests)")
     parser.add_argument("--dir", default="/tmp/attnscale-bench-data",
                         help="where the corpus and caches go (not the repository)")
-    parser.add_argument("--tokenizers", default="char,bpe")
-    parser.add_argument("--documents", default="file,paragraph")
+    parser.add_argument("--tokenizers", type=names(("char", "bpe")), default="char,bpe")
+    parser.add_argument("--documents", type=names(("file", "paragraph")),
+                        default="file,paragraph")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     n_bytes = int((2 if args.quick else args.mb) * 1e6)
@@ -154,7 +177,7 @@ def main() -> int:
     print(f"corpus {corpus} ({corpus.stat().st_size / 1e6:,.1f} MB) ready in "
           f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
     cache = folder / f"cache-{os.getpid()}"
-    rows = bench(corpus, args.tokenizers.split(","), args.documents.split(","), cache)
+    rows = bench(corpus, args.tokenizers, args.documents, cache)
     print(HEADER)
     print("\n".join(format_row(r) for r in rows))
     if args.json:

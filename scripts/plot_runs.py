@@ -1,4 +1,4 @@
-"""Figures and tables of the sweeps named on the command line.
+"""Report on sweeps: the results tables (results.md) and figures of the run folders named.
 
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
                                 [--baseline sqrt_dk] [--pair KEY=VALUE ...]
@@ -6,7 +6,7 @@
 SWEEP_DIR is one preset run (multirun/<preset>/<time>/, one folder per job) or a single run
 folder. Only the folders named are read: name several to pool sweeps on purpose. Writes:
 
-- DIR/results.md        the tables of scripts/report_tables.py (also printed): final losses,
+- DIR/results.md        the tables of scripts/report/tables.py (also printed): final losses,
                         paired differences against the baseline scale (and against KEY=VALUE
                         of each --pair), attention statistics, the LR analysis of an LR sweep
 - DIR/loss_curves.png   val loss vs step, one panel per setting (per scale when the sweep
@@ -20,7 +20,7 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
 
 A line is the mean over a group's seeds; its band is the 95% Student-t interval of that mean,
 drawn only where n >= 2. In an LR sweep the curves show each scale at its own best LR.
-Reading and grouping live in scripts/runs.py, statistics in scripts/report_stats.py.
+Reading and grouping live in scripts/report/runs.py, statistics in scripts/report/stats.py.
 """
 
 from __future__ import annotations
@@ -35,16 +35,15 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts import report_stats as st  # noqa: E402
-from scripts.report_figures import (  # noqa: E402
+from scripts.report import stats as st  # noqa: E402
+from scripts.report.figures import (  # noqa: E402
     plot_diagnostics,
     plot_losses,
     plot_qk_grads,
     plot_vs_baseline,
 )
-from scripts.report_lr_figure import plot_lr  # noqa: E402
-from scripts.report_tables import markdown_report  # noqa: E402
-from scripts.runs import (  # noqa: E402
+from scripts.report.lr_figure import plot_lr  # noqa: E402
+from scripts.report.runs import (  # noqa: E402
     LR_KEY,
     canonical,
     group_runs,
@@ -52,6 +51,7 @@ from scripts.runs import (  # noqa: E402
     value_order,
     varying_keys,
 )
+from scripts.report.tables import markdown_report  # noqa: E402
 
 
 def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
@@ -91,7 +91,8 @@ def main(argv=None) -> int:
         print(f"plot_runs: not a directory: {', '.join(missing)}. Pass the multirun/<preset>/"
               "<time> folder of a sweep, or a run folder.", file=sys.stderr)
         return 2
-    runs, skipped, notes = load_runs(args.sweeps)
+    runs, skipped = load_runs(args.sweeps)
+    notes = []
     for s in skipped:
         print(f"skipped {s}", file=sys.stderr)
     if not runs:

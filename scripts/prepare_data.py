@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from data.config import DataConfig  # noqa: E402
 from data.prepare import prepare  # noqa: E402
-from model.errors import DataError  # noqa: E402
+from model.errors import UserError  # noqa: E402
 from trainer.schema import register_configs  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     except (HydraException, OmegaConfBaseException) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    except DataError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

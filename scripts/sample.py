@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="CPU threads: auto (as trainer.threads=auto) or a number; 1 on a "
                          "machine that other jobs keep busy; 0 = PyTorch's default")
     args = ap.parse_args(argv)
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        ap.error(f"--device {args.device!r}: give a torch device such as cpu, cuda or cuda:1")
     threads = thread_count(args.threads)
     if threads:
         torch.set_num_threads(threads)

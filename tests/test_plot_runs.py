@@ -1,5 +1,5 @@
 """scripts/plot_runs.py on small fake sweeps made here: files exist, table numbers match the
-inputs and the statistics of scripts/report_stats.py, only the folders named are read."""
+inputs and the statistics of scripts/report/stats.py, only the folders named are read."""
 
 import json
 import math
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts import report_figures
-from scripts import report_stats as st
-from scripts.runs import load_runs
+from scripts.report import figures
+from scripts.report import stats as st
+from scripts.report.runs import load_runs
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 65
@@ -145,7 +145,7 @@ def test_results_table_gives_intervals_n_and_says_when_the_whole_split_loss_is_m
     skipped = text.split("## Skipped")[1]
     assert "scaling=constant,trainer.seed=1: no metrics.jsonl" in skipped
     assert "scaling=constant,trainer.seed=2: empty metrics.jsonl" in skipped
-    assert "ignored 1 unreadable line(s)" in text.split("## Notes")[1]
+    assert "qk_norm" not in skipped   # its torn last line is dropped, the run is read
     for name in ("loss_curves.png", "diagnostics.png", "qk_grad_norms.png"):
         assert (out / name).stat().st_size > 0
     assert not (out / "lr_transfer.png").exists()   # no LR axis in this sweep
@@ -274,7 +274,7 @@ def test_lr_section_best_lr_sensitivity_and_pairs(lr_sweep, tmp_path):
 
 
 def test_lr_figures_show_each_scale_at_its_best_lr(lr_sweep):
-    runs, _, _ = load_runs([lr_sweep])
+    runs, _ = load_runs([lr_sweep])
     best = st.at_best_lr(runs, "full")
     lrs = {key[0][1] + str(key[1:]): {r.lr for r in g} for key, g in best.items()}
     assert lrs["qk_norm" + str((("model.d_head", "16"),))] == {0.1}
@@ -282,13 +282,13 @@ def test_lr_figures_show_each_scale_at_its_best_lr(lr_sweep):
 
 
 def test_seeds_note_states_n_truthfully():
-    assert report_figures.seeds_note({"a": [1]}) == "one seed per line (no interval)"
-    assert report_figures.seeds_note({"a": [1, 2, 3]}).startswith("mean of n=3 seeds")
-    assert "n=1-3" in report_figures.seeds_note({"a": [1], "b": [1, 2, 3]})
+    assert figures.seeds_note({"a": [1]}) == "one seed per line (no interval)"
+    assert figures.seeds_note({"a": [1, 2, 3]}).startswith("mean of n=3 seeds")
+    assert "n=1-3" in figures.seeds_note({"a": [1], "b": [1, 2, 3]})
 
 
 def test_band_is_the_t_interval_and_absent_for_one_seed():
-    steps, mean, lo, hi = report_figures.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
+    steps, mean, lo, hi = figures.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
                                                     ([0, 10, 20], [4.0, 2.4, 1.0])])
     assert list(steps) == [0, 10, 20] and mean[1] == pytest.approx(2.2)
     half = T975[3] * 0.2 / math.sqrt(3)
@@ -298,7 +298,7 @@ def test_band_is_the_t_interval_and_absent_for_one_seed():
 
 def test_log_band_is_geometric_and_stays_positive():
     """Gradient norms 1e-3 and 1e-1: the arithmetic t band would reach far below 0."""
-    steps, mean, lo, hi = report_figures.aggregate([([5], [1e-3]), ([5], [1e-1])], log=True)
+    steps, mean, lo, hi = figures.aggregate([([5], [1e-3]), ([5], [1e-1])], log=True)
     half = T975[2] * math.log(100) / 2   # s = ln(100) / sqrt(2), s / sqrt(n) = ln(100) / 2
     assert mean[0] == pytest.approx(1e-2)
     assert (lo[0], hi[0]) == pytest.approx((1e-2 * math.exp(-half), 1e-2 * math.exp(half)))
@@ -306,13 +306,13 @@ def test_log_band_is_geometric_and_stays_positive():
 
 
 def test_panels_per_scale_or_per_setting(ablation, lr_sweep):
-    from scripts.runs import group_runs
-    runs, _, _ = load_runs([ablation])
-    grid = report_figures.panels(group_runs(runs))   # scales only: a panel each, three a row
+    from scripts.report.runs import group_runs
+    runs, _ = load_runs([ablation])
+    grid = figures.panels(group_runs(runs))   # scales only: a panel each, three a row
     assert [[title for title, _ in row] for row in grid] == [["sqrt_dk", "none", "dk"],
                                                              ["learned", "qk_norm"]]
-    runs, _, _ = load_runs([lr_sweep])
-    grid = report_figures.panels(group_runs(runs))   # rows: d_head, columns: lr
+    runs, _ = load_runs([lr_sweep])
+    grid = figures.panels(group_runs(runs))   # rows: d_head, columns: lr
     assert [[title for title, _ in row] for row in grid] == [
         [f"d_head={d}, lr={lr}" for lr in ("0.001", "0.01", "0.1")]
         for d in (16, 64)]
@@ -328,7 +328,7 @@ def test_sampled_loss_on_request_and_bad_input(tmp_path):
     assert proc.returncode == 0, proc.stderr
     row = table_row((out / "results.md").read_text(), "scaling=dk")
     assert row[1:4] == ["1", "1.5000 (n=1)", "1.5000 (n=1)"]
-    assert "one seed per line" in report_figures.seeds_note({"k": [1]})
+    assert "one seed per line" in figures.seeds_note({"k": [1]})
     assert run_script(tmp_path / "nope", "--out", out).returncode == 2
     (tmp_path / "empty").mkdir()
     proc = run_script(tmp_path / "empty", "--out", out)
@@ -337,13 +337,30 @@ def test_sampled_loss_on_request_and_bad_input(tmp_path):
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
+def test_a_run_with_a_bad_line_before_its_last_is_skipped_with_one_warning(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_run(sweep, ["scaling=dk", "trainer.seed=1"], [4.17, 2.0, 1.5], full=1.5)
+    damaged = make_run(sweep, ["scaling=none", "trainer.seed=1"], [4.17, 2.0, 1.5], full=1.5)
+    metrics = damaged / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join([lines[0], "not json\n", *lines[1:]]))
+    out = tmp_path / "out"
+    proc = run_script(sweep, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("skipped")]
+    assert len(warnings) == 1 and str(damaged) in warnings[0] and "line 2" in warnings[0]
+    text = (out / "results.md").read_text()
+    assert table_row(text, "scaling=dk")[1] == "1"
+    assert f"{damaged}: " in text.split("## Skipped")[1]
+
+
 def test_lr_left_at_default_groups_with_the_same_lr_set_explicitly(tmp_path):
     sweep = tmp_path / "sweep"
     make_run(sweep, ["scaling=dk", "optim.lr=1e-2", "trainer.seed=1"], [4.0, 2.0], full=2.0)
     make_run(sweep, ["scaling=dk", "trainer.seed=2"], [4.0, 2.5], full=2.5,
              config={"optim": {"lr": 0.01}})
     make_run(sweep, ["scaling=dk", "optim.lr=0.1", "trainer.seed=1"], [4.0, 3.0], full=3.0)
-    runs, _, _ = load_runs([sweep])
+    runs, _ = load_runs([sweep])
     table = st.lr_table(runs, "full")
     assert table == {0.01: {"1": 2.0, "2": 2.5}, 0.1: {"1": 3.0}}
 

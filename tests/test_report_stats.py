@@ -1,12 +1,12 @@
-"""scripts/report_stats.py against published t-table values and numbers worked by hand."""
+"""scripts/report/stats.py against published t-table values and numbers worked by hand."""
 
 import math
 from pathlib import Path
 
 import pytest
 
-from scripts import report_stats as st
-from scripts.runs import Run
+from scripts.report import stats as st
+from scripts.report.runs import Run
 
 # Two-sided 95% (upper 0.975) and 99% (0.995) Student-t critical values, as printed in
 # standard tables (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2), by degrees of freedom.

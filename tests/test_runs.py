@@ -1,9 +1,10 @@
-"""scripts/runs.py: which folders are runs, what a run's settings and seed are, how runs group."""
+"""scripts/report/runs.py: which folders are runs, what a run's settings and seed are, how
+runs group."""
 
 import json
 from pathlib import Path
 
-from scripts.runs import Run, find_run_dirs, group_runs, label, load_runs, value_order
+from scripts.report.runs import Run, find_run_dirs, group_runs, label, load_runs, value_order
 
 
 def run(overrides: dict, config: dict = None, variant: str = "dk") -> Run:
@@ -51,6 +52,6 @@ def test_run_folders_are_found_without_entering_them(tmp_path):
     (sweep / ".hidden" / "x").mkdir(parents=True)
     (sweep / ".hidden" / "x" / "run.json").write_text("{}")
     assert find_run_dirs(sweep) == sorted(sweep.glob("scaling=*"))
-    runs, skipped, notes = load_runs([sweep])
+    runs, skipped = load_runs([sweep])
     assert [r.seed for r in runs] == ["1", "2"] and all(r.partial for r in runs)
-    assert skipped == [] and notes == []
+    assert skipped == []

@@ -14,9 +14,16 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from scripts import report_stats as st
-from scripts.report_tables import DIAGNOSTICS
-from scripts.runs import eval_series, label, record_series, setting_of, setting_order, variant_rank
+from scripts.report import stats as st
+from scripts.report.runs import (
+    eval_series,
+    label,
+    record_series,
+    setting_of,
+    setting_order,
+    variant_rank,
+)
+from scripts.report.tables import DIAGNOSTICS
 
 # One colour, dash pattern and marker per scale, fixed across figures; the dashes and markers
 # keep overlapping curves (sqrt_dk under learned) apart.

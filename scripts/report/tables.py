@@ -1,4 +1,4 @@
-"""The Markdown tables of the report (results.md), built from runs and scripts/report_stats.py.
+"""The Markdown tables of the report (results.md), built from runs and scripts/report/stats.py.
 
 Each number is a mean over seeds with its 95% Student-t interval ("mean ± half-width") and the
 n it rests on. Orderings are stated only from paired (same-seed) differences whose interval
@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from scripts import report_stats as st
-from scripts.runs import LR_KEY, VARIANT_KEY, Run, group_runs, label, setting_of
+from scripts.report import stats as st
+from scripts.report.runs import LR_KEY, VARIANT_KEY, Run, group_runs, label, setting_of
 
 DIAGNOSTICS = (  # eval-record field, column heading, how layers are combined
     ("attn_entropy", "entropy (nats)", "mean"),

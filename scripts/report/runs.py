@@ -22,11 +22,13 @@ from typing import Optional
 
 import yaml
 
+from model.attention import SCALINGS
+from model.errors import UserError
+from trainer.run_dir import read_metrics
+
 LR_KEY = "optim.lr"
 SEED_KEY = "trainer.seed"
 VARIANT_KEY = "scaling"
-# Same order as model.attention.SCALINGS so a variant keeps its colour and rank everywhere.
-VARIANT_ORDER = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm")
 RUN_MARKERS = (".hydra/overrides.yaml", "metrics.jsonl", "summary.json", "run.json")
 
 
@@ -169,31 +171,20 @@ def read_overrides(run_dir: Path, info: dict) -> dict:
     return out
 
 
-def read_metrics(path: Path) -> tuple[list[dict], int]:
-    """Records of metrics.jsonl and the number of unreadable lines (a job may be mid-write)."""
-    records, bad = [], 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            bad += 1
-    return records, bad
-
-
 def _read_json(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def load_run(run_dir: Path, notes: list) -> tuple[Optional[Run], Optional[str]]:
-    """A Run, or (None, why it was skipped)."""
+def load_run(run_dir: Path) -> tuple[Optional[Run], Optional[str]]:
+    """A Run, or (None, why it was skipped). metrics.jsonl is read by train.py's own rule: a
+    torn last line (a job caught mid-write) is dropped, a bad line before it skips the run."""
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists():
         return None, "no metrics.jsonl"
-    records, bad = read_metrics(metrics)
-    if bad:
-        notes.append(f"{run_dir}: ignored {bad} unreadable line(s) of metrics.jsonl")
+    try:
+        records = read_metrics(metrics)
+    except UserError as e:
+        return None, str(e)
     if not records:
         return None, "empty metrics.jsonl"
     evals = [r for r in records if r.get("kind") == "eval"]
@@ -208,17 +199,17 @@ def load_run(run_dir: Path, notes: list) -> tuple[Optional[Run], Optional[str]]:
                _read_json(run_dir / "summary.json"), info), None
 
 
-def load_runs(roots: list[Path]) -> tuple[list[Run], list[str], list[str]]:
-    """All runs under the roots, the skipped ones ("path: reason") and notes."""
-    runs, skipped, notes = [], [], []
+def load_runs(roots: list[Path]) -> tuple[list[Run], list[str]]:
+    """All runs under the roots, and the skipped ones ("path: reason")."""
+    runs, skipped = [], []
     for root in roots:
         for run_dir in find_run_dirs(root):
-            run, why = load_run(run_dir, notes)
+            run, why = load_run(run_dir)
             if run is None:
                 skipped.append(f"{run_dir}: {why}")
             else:
                 runs.append(run)
-    return runs, skipped, notes
+    return runs, skipped
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,8 +243,9 @@ def setting_order(pairs) -> list:
 
 
 def variant_rank(variant: str) -> int:
-    """Position in VARIANT_ORDER (unknown variants after the known ones)."""
-    return VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
+    """Position in model.attention.SCALINGS, so that a scale keeps its colour and rank in every
+    table and figure (unknown variants after the known ones)."""
+    return SCALINGS.index(variant) if variant in SCALINGS else len(SCALINGS)
 
 
 def variant_order(variant: str):

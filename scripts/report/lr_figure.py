@@ -8,9 +8,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from scripts import report_stats as st
-from scripts.report_figures import legend, share_y, style
-from scripts.runs import LR_KEY, group_runs, label, setting_of, setting_order, variant_rank
+from scripts.report import stats as st
+from scripts.report.figures import legend, share_y, style
+from scripts.report.runs import LR_KEY, group_runs, label, setting_of, setting_order, variant_rank
 
 
 def setting_axis(settings: list[tuple]):

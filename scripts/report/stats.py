@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from scripts.runs import LR_KEY, Run, group_runs
+from scripts.report.runs import LR_KEY, Run, group_runs
 
 LEVEL = 0.95
 LOSSES = {  # --loss choice -> (summary field, what the tables call it)
