@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from model.errors import UserError
 from trainer import checkpoint
-from trainer.build import Run, TrainState, all_reduce_sum, build, lr_at, process_rank, world_size
+from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world_size
 from trainer.evaluate import describe, describe_full, evaluate, evaluate_full, write_samples
 from trainer.resume import finished, overrides, resume_commands, resume_path, shown
 from trainer.run_dir import RunDir, remove_if_unstarted, summarize
@@ -54,18 +54,20 @@ def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
     resumed_from = resume_path(train_cfg.resume, run_dir)
     if resumed_from is not None:
         checkpoint.restore(run, resumed_from)
-        if is_finished(state, train_cfg, run_dir):
+        if finished(state.progress.step, train_cfg.max_steps, run_dir, compute.rank):
             return None
     else:
         torch.manual_seed(train_cfg.seed + compute.rank)   # dropout masks differ across processes
     out = RunDir(run, run_dir, resumed_from, overrides())
     step = state.progress.step
+    clock = Clock(step, run.config.tokens_per_step, state.progress.wall_s)
     if step == 0:
         evaluate_and_log(run, out, 0, lr_at(1, optim_cfg, train_cfg.max_steps), None)
-    clock, diverged = Clock(step, run.config.tokens_per_step), False
+    diverged = False
     nonfinite = torch.zeros((), device=compute.device)   # non-finite losses, summed on device
-    with out, StopSignal() as stop, tqdm(total=train_cfg.max_steps, initial=step,
-                                         dynamic_ncols=True, disable=not progress_bar(out)) as bar:
+    bar = tqdm(total=train_cfg.max_steps, initial=step, dynamic_ncols=True,
+               disable=not (out.writes and sys.stderr.isatty()))   # rank 0's terminal only
+    with out, StopSignal() as stop, bar:
         while step < train_cfg.max_steps:
             step += 1
             check = is_check_step(step, train_cfg) or (compute.world == 1 and stop.signum > 0)
@@ -87,7 +89,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
             if step % train_cfg.eval_every == 0 or step == train_cfg.max_steps:
                 evaluate_and_log(run, out, step, lr, tokens_per_sec)
-            state.progress.step, state.progress.wall_s = step, state.progress.wall_s + clock.wall()
+            state.progress.step, state.progress.wall_s = step, clock.wall_s()
             if step % train_cfg.ckpt_every == 0 or step == train_cfg.max_steps or stop_asked:
                 checkpoint.save(run, out.last)
             if stop_asked and step < train_cfg.max_steps:
@@ -132,7 +134,7 @@ def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock") -> 
         out.say(describe_full(full))
     if run.compute.rank == 0 and not diverged and run.config.train_cfg.sample_prompts:
         write_samples(run, out.path, out.best)
-    run.state.progress.wall_s += clock.wall()
+    run.state.progress.wall_s = clock.wall_s()
     summary = summarize(run, step, clock.tokens_per_sec(), diverged=diverged, full=full)
     out.write_summary(summary)
     out.end_segment(step, "diverged" if diverged else "finished")
@@ -142,46 +144,27 @@ def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock") -> 
     return summary
 
 
-def is_finished(state: TrainState, train_cfg: TrainerConfig, run_dir: Path) -> bool:
-    """Whether a resumed run has nothing left to do; says why on rank 0."""
-    reason = finished(state.progress.step, train_cfg.max_steps, run_dir)
-    if reason and process_rank() == 0:
-        print(f"Nothing to do: the run in {run_dir} is finished ({reason}). Its files are "
-              "left as they are.")
-    return reason is not None
-
-
-def progress_bar(out: RunDir) -> bool:
-    """A progress bar on rank 0's terminal only (not in a log file)."""
-    return out.writes and sys.stderr.isatty()
-
-
 class Clock:
-    """Training speed between check steps (evaluations and checkpoints not counted) and the
-    wall time of the run (everything counted)."""
+    """Tokens per second of training between check steps (evaluations and checkpoints not
+    counted), and the run's wall time over all its segments (everything counted)."""
 
-    def __init__(self, step: int, tokens_per_step: int):
+    def __init__(self, step: int, tokens_per_step: int, wall_s: float):
         self.tokens_per_step, self.first_step, self.last_step = tokens_per_step, step, step
-        self.train_s = 0.0
-        self.wall_start = self.lap_start = time.perf_counter()
+        self.train_s, self.wall_before = 0.0, wall_s
+        self.start = self.lap_start = time.perf_counter()
 
     def lap(self, step: int) -> float:
-        """Tokens per second of the steps since the last lap."""
+        """Tokens per second of the steps since the last lap; `restart` starts the next."""
         elapsed = time.perf_counter() - self.lap_start
-        self.train_s += elapsed
         tokens = self.tokens_per_step * (step - self.last_step)
-        self.last_step = step
+        self.train_s, self.last_step = self.train_s + elapsed, step
         return tokens / elapsed
 
     def restart(self) -> None:
-        """Start the next lap (after the check step's evaluation and checkpoint)."""
         self.lap_start = time.perf_counter()
 
-    def wall(self) -> float:
-        """Seconds since the last call (or the start)."""
-        now = time.perf_counter()
-        elapsed, self.wall_start = now - self.wall_start, now
-        return elapsed
+    def wall_s(self) -> float:
+        return self.wall_before + time.perf_counter() - self.start
 
     def tokens_per_sec(self) -> Optional[float]:
         """Tokens per second over every lap of this segment."""

@@ -42,13 +42,6 @@ class CheckpointError(UserError):
         self.path, self.problem = path, problem
 
 
-def write(path: Path, content: dict) -> None:
-    """Write `content` (tensors and plain containers) with the format header."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    content = {"format": FORMAT, "version": VERSION, **content}
-    atomic_write(path, lambda f: torch.save(content, f))
-
-
 def read(path: Path) -> dict:
     """The checkpoint at `path`, or CheckpointError naming what is wrong with the file."""
     if not path.is_file():
@@ -97,7 +90,8 @@ def save(run: Run, path: Path, full: bool = True) -> None:
         content.update(optimizer=state.optimizer.state_dict(),
                        scheduler=state.scheduler.state_dict(), scaler=state.scaler.state_dict(),
                        sampler=state.batcher.state_dict(), rng=rngs, world_size=compute.world)
-    write(path, content)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **content}, f))
 
 
 def restore(run: Run, path: Path) -> None:

@@ -102,23 +102,6 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-class MetricsLog:
-    """Append-only metrics.jsonl, flushed per record so a plot script can read a live run."""
-
-    def __init__(self, path: Path, resume_step: Optional[int] = None):
-        self.path = path
-        if resume_step is not None and path.exists():
-            kept = [json.dumps(r) for r in read_metrics(path) if r["step"] <= resume_step]
-            atomic_write(path, lambda f: f.write("".join(k + "\n" for k in kept).encode()))
-        self.file = open(path, "a", buffering=1)
-
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def read_metrics(path: Path) -> list[dict]:
     """The records of metrics.jsonl. A last line that is not JSON was torn by a kill in the
     middle of a write and is dropped (its step is redone on resume); a bad line anywhere else
@@ -149,25 +132,31 @@ class RunDir:
     method does nothing, so the loop reads the same on all of them.
 
     Opening it prints what is about to run, adds this segment to run.json, copies
-    tokenizer.json and opens metrics.jsonl (dropping the records of steps past the checkpoint).
+    tokenizer.json and opens metrics.jsonl for appending, flushed per line so that a plot
+    script can read a live run.
     """
 
     def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
         self.path, self.writes = path, run.compute.rank == 0
         self.last, self.best = path / "checkpoints" / "last.pt", path / "checkpoints" / "best.pt"
         self.metrics = None
-        if self.writes:
-            print(start_line(run, resumed_from))
-            path.mkdir(parents=True, exist_ok=True)
-            self.metrics = MetricsLog(path / "metrics.jsonl", resume_step=(
-                run.state.progress.step if resumed_from else None))
-            begin_segment(path / "run.json", run, resumed_from, overrides)
-            shutil.copyfile(run.data.tokenizer_path, path / "tokenizer.json")
+        if not self.writes:
+            return
+        print(start_line(run, resumed_from))
+        path.mkdir(parents=True, exist_ok=True)
+        metrics = path / "metrics.jsonl"
+        if resumed_from and metrics.exists():   # drop the records of steps past the checkpoint
+            kept = [json.dumps(r) + "\n" for r in read_metrics(metrics)
+                    if r["step"] <= run.state.progress.step]
+            atomic_write(metrics, lambda f: f.write("".join(kept).encode()))
+        self.metrics = open(metrics, "a", buffering=1)   # one flushed line per record
+        begin_segment(path / "run.json", run, resumed_from, overrides)
+        shutil.copyfile(run.data.tokenizer_path, path / "tokenizer.json")
 
     def log(self, record: dict) -> None:
         """One line of metrics.jsonl."""
         if self.metrics:
-            self.metrics.write(record)
+            self.metrics.write(json.dumps(record) + "\n")
 
     def say(self, line: str) -> None:
         """One line on the terminal, above the progress bar."""
