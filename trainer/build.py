@@ -1,16 +1,9 @@
 """Build a run from the composed config: processes, device, precision, data, model, optimizer.
 
 `build(cfg)` is what `python train.py <overrides>` runs on; scripts/bench.py times the same
-objects. It validates everything and writes nothing but the data cache. A run is a few small
-parts, each passed alone to the functions that use it:
-
-    RunConfig    the validated configs (model_cfg, data_cfg, optim_cfg, train_cfg)
-    Compute      this process: rank, world size, device, precision and its autocast context
-    TrainState   model, optimizer, schedule, gradient scaler, batch sampler, progress:
-                 what the next optimizer step depends on, and what last.pt saves
-    Run          the three above plus the prepared data, the fixed evaluation batches and the
-                 sample prompts
-"""
+objects. It validates everything and writes nothing but the data cache. The run's parts are
+small types, each passed alone to the functions that use it; TrainState is what the next
+optimizer step depends on, and what last.pt saves."""
 
 import math
 import os

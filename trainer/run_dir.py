@@ -128,13 +128,9 @@ def now() -> str:
 
 
 class RunDir:
-    """The run directory as the loop writes it. Rank 0 writes; on the other processes every
-    method does nothing, so the loop reads the same on all of them.
-
-    Opening it prints what is about to run, adds this segment to run.json, copies
-    tokenizer.json and opens metrics.jsonl for appending, flushed per line so that a plot
-    script can read a live run.
-    """
+    """The run directory as the loop writes it: on rank 0 only, so the loop reads the same on
+    every process. Opening it prints what is about to run, adds this segment to run.json,
+    copies tokenizer.json and opens metrics.jsonl (flushed per line: plots read live runs)."""
 
     def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
         self.path, self.writes = path, run.compute.rank == 0
