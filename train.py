@@ -6,9 +6,11 @@
     python train.py trainer.resume=auto hydra.run.dir=outputs/DAY/TIME   # continue that run
     torchrun --standalone --nproc_per_node=2 train.py      # data parallel, same global batch
 
-This file is the Hydra entry and the training loop; the pieces it calls are in trainer/
-(build: the run; step: one optimizer step; evaluate: losses, diagnostics, samples;
-checkpoint: save and restore; run_dir: the files a run writes; resume: continuing a run).
+`train` below is the training loop: one `train_step` (trainer/step.py: micro-batches, forward,
+backward, clipping, AdamW, schedule) per iteration, and at check steps one collective and host
+sync, then logging, evaluation and checkpoints as `if step % k == 0` lines. What it calls is in
+trainer/: build (the run's parts), step, evaluate (losses, diagnostics, samples), checkpoint
+(save and restore), run_dir (the files a run writes), resume (continuing a run), signals.
 docs/training.md describes the configuration, the run directory and the resume rules.
 Exit codes: 0 done (a diverged run with trainer.on_nan=stop included), 2 bad config, data or
 checkpoint, 3 diverged with trainer.on_nan=raise, 128+signal when stopped by SIGINT/SIGTERM
@@ -30,20 +32,13 @@ from tqdm import tqdm
 
 from model.errors import UserError
 from trainer import checkpoint
-from trainer.build import build, lr_at
+from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world_size
 from trainer.evaluate import describe, describe_full, evaluate, evaluate_full, write_samples
 from trainer.resume import finished, overrides, resume_commands, resume_path, shown
-from trainer.run_dir import (
-    end_segment,
-    now,
-    open_run_dir,
-    remove_if_unstarted,
-    summarize,
-    write_json,
-)
-from trainer.schema import register_configs
+from trainer.run_dir import RunDir, remove_if_unstarted, summarize
+from trainer.schema import TrainerConfig, register_configs
 from trainer.signals import Diverged, Interrupted, StopSignal
-from trainer.step import all_reduce_sum, train_step
+from trainer.step import train_step
 
 
 def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
@@ -53,110 +48,128 @@ def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
     Interrupted after a signal, Diverged on a non-finite loss with trainer.on_nan=raise.
     Returns None, writing nothing, when a resumed run is already finished.
     """
-    # 1. Build everything, resume if asked; only then write the run directory.
-    r = build(cfg)
-    tc = r.tc
-    ckpt_path = resume_path(tc.resume, run_dir)
-    if ckpt_path is not None:
-        checkpoint.restore(r, ckpt_path)
-        reason = finished(r, run_dir)
-        if reason:
-            if r.rank == 0:
-                print(f"Nothing to do: the run in {run_dir} is finished ({reason}). Its files "
-                      "are left as they are.")
+    run = build(cfg)
+    train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
+                                            run.compute, run.state)
+    resumed_from = resume_path(train_cfg.resume, run_dir)
+    if resumed_from is not None:
+        checkpoint.restore(run, resumed_from)
+        if finished(state.progress.step, train_cfg.max_steps, run_dir, compute.rank):
             return None
     else:
-        torch.manual_seed(tc.seed + r.rank)   # dropout masks differ across processes
-    ckpt_dir = run_dir / "checkpoints"
-    log = open_run_dir(r, run_dir, ckpt_path, overrides()) if r.rank == 0 else None
-
-    def evaluate_and_log(step: int, lr: float, tokens_per_sec: Optional[float]) -> None:
-        record, improved = evaluate(r, step, lr, tokens_per_sec)
-        if r.rank == 0:
-            log.write(record)
-            tqdm.write(describe(record))
-        if improved:
-            checkpoint.save(r, ckpt_dir / "best.pt", full=False)
-
-    # 2. The loop. Host-device syncs (.item()) happen only at check steps (logging, evaluation,
-    # checkpointing); the non-finite check and, with several processes, the stop signal wait
-    # for them.
-    step = first_step = last_check = r.state["step"]
-    start = t0 = time.perf_counter()
-    tokens_per_step = tc.batch_size * tc.grad_accum * r.model_cfg.block_size
-    bar = tqdm(total=tc.max_steps, initial=step, dynamic_ncols=True,
-               disable=r.rank != 0 or not sys.stderr.isatty())
+        torch.manual_seed(train_cfg.seed + compute.rank)   # dropout masks differ across processes
+    out = RunDir(run, run_dir, resumed_from, overrides())
+    step = state.progress.step
+    clock = Clock(step, run.config.tokens_per_step, state.progress.wall_s)
     if step == 0:
-        evaluate_and_log(0, lr_at(1, r.optim, tc.max_steps), None)
-    nonfinite = torch.zeros((), device=r.device)
-    tokens_per_sec, train_time, diverged, interrupted = None, 0.0, False, None
-    with StopSignal() as stop:
-        while step < tc.max_steps:
+        evaluate_and_log(run, out, 0, lr_at(1, optim_cfg, train_cfg.max_steps), None)
+    diverged = False
+    nonfinite = torch.zeros((), device=compute.device)   # non-finite losses, summed on device
+    bar = tqdm(total=train_cfg.max_steps, initial=step, dynamic_ncols=True,
+               disable=not (out.writes and sys.stderr.isatty()))   # rank 0's terminal only
+    with out, StopSignal() as stop, bar:
+        while step < train_cfg.max_steps:
             step += 1
-            done = step == tc.max_steps
-            check = (done or step % tc.log_every == 0 or step % tc.eval_every == 0
-                     or step % tc.ckpt_every == 0 or (r.world == 1 and stop.signum))
-            lr = r.scheduler.get_last_lr()[0]
-            loss, grad_norm, qk = train_step(r, want_qk=bool(check))
+            check = is_check_step(step, train_cfg) or (compute.world == 1 and stop.signum > 0)
+            lr = state.scheduler.get_last_lr()[0]
+            loss, grad_norm, qk = train_step(state, compute, train_cfg.grad_accum,
+                                             optim_cfg.grad_clip, want_qk=check)
             nonfinite += (~torch.isfinite(loss)).float()
             bar.update(1)
-            if not check:
+            if not check:   # host-device syncs only at check steps
                 continue
-            # one collective: the loss (the sum of its per-process shares), the non-finite count
-            # and the stop requests of all processes
-            loss, bad, stop_asked = all_reduce_sum(torch.stack([loss, nonfinite, torch.tensor(
-                float(stop.signum > 0), device=r.device)])).tolist()
-            elapsed = time.perf_counter() - t0
-            train_time += elapsed
-            tokens_per_sec = tokens_per_step * (step - last_check) / elapsed
-            last_check = step
-            if bad > 0:
-                diverged = True
-                if r.rank == 0:
-                    tqdm.write(f"step {step}: non-finite training loss; stopping "
-                               f"(trainer.on_nan={tc.on_nan}).")
+            loss, diverged, stop_asked = agree(loss, nonfinite, stop.signum, compute.device)
+            tokens_per_sec = clock.lap(step)
+            if diverged:
+                out.say(f"step {step}: non-finite training loss; stopping "
+                        f"(trainer.on_nan={train_cfg.on_nan}).")
                 break
-            if r.rank == 0:
-                log.write({"kind": "train", "step": step, "loss": loss, "lr": lr,
-                           "tokens_per_sec": tokens_per_sec, "grad_norm": grad_norm.item(), **qk})
-                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
-                                tok_s=f"{tokens_per_sec:,.0f}")
-            if done or step % tc.eval_every == 0:
-                evaluate_and_log(step, lr, tokens_per_sec)
-            r.state.update(step=step, wall_s=r.state["wall_s"] + time.perf_counter() - start)
-            start = time.perf_counter()
-            if done or step % tc.ckpt_every == 0 or stop_asked > 0:
-                checkpoint.save(r, ckpt_dir / "last.pt")
-            if stop_asked > 0 and not done:
-                interrupted = stop.signum or signal.SIGTERM
-                break
-            t0 = time.perf_counter()
-    bar.close()
-    if log is not None:
-        log.close()
-    if interrupted:
-        if r.rank == 0:
-            end_segment(run_dir / "run.json", ended_at=now(), end_step=step, ended="interrupted")
-        raise Interrupted(interrupted, step, ckpt_dir / "last.pt")
+            out.log({"kind": "train", "step": step, "loss": loss, "lr": lr,
+                     "tokens_per_sec": tokens_per_sec, "grad_norm": grad_norm.item(), **qk})
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+            if step % train_cfg.eval_every == 0 or step == train_cfg.max_steps:
+                evaluate_and_log(run, out, step, lr, tokens_per_sec)
+            state.progress.step, state.progress.wall_s = step, clock.wall_s()
+            if step % train_cfg.ckpt_every == 0 or step == train_cfg.max_steps or stop_asked:
+                checkpoint.save(run, out.last)
+            if stop_asked and step < train_cfg.max_steps:
+                out.end_segment(step, "interrupted")
+                raise Interrupted(stop.signum or signal.SIGTERM, step, out.last)
+            clock.restart()
+    return finish(run, out, step, diverged, clock)
 
-    # 3. The final weights on the whole validation split, samples from the best weights, then
-    # the summary.
-    full = {} if diverged else evaluate_full(r)
-    if full and r.rank == 0:
-        tqdm.write(describe_full(full))
-    if r.rank == 0 and not diverged and tc.sample_prompts:
-        write_samples(r, run_dir, ckpt_dir / "best.pt")
-    r.state["wall_s"] += time.perf_counter() - start
-    summary = summarize(r, step, diverged=diverged, full=full, tokens_per_sec=(
-        tokens_per_step * (last_check - first_step) / train_time if train_time else None))
-    if r.rank == 0:
-        write_json(run_dir / "summary.json", summary)
-        end_segment(run_dir / "run.json", ended_at=now(), end_step=step,
-                    ended="diverged" if diverged else "finished")
-    if diverged and tc.on_nan == "raise":
+
+def is_check_step(step: int, train_cfg: TrainerConfig) -> bool:
+    """A step that logs, evaluates or checkpoints, or the last one."""
+    return step == train_cfg.max_steps or any(
+        step % every == 0
+        for every in (train_cfg.log_every, train_cfg.eval_every, train_cfg.ckpt_every))
+
+
+def agree(loss: torch.Tensor, nonfinite: torch.Tensor, signum: int,
+          device: torch.device) -> tuple[float, bool, bool]:
+    """One collective and one host sync for a check step: the step's loss (the sum of the
+    processes' shares), whether any process saw a non-finite loss, whether any was signalled
+    to stop (all processes must stop after the same step)."""
+    asked = torch.tensor(float(signum > 0), device=device)
+    loss, bad, stop = all_reduce_sum(torch.stack([loss, nonfinite, asked])).tolist()
+    return loss, bad > 0, stop > 0
+
+
+def evaluate_and_log(run: Run, out: RunDir, step: int, lr: float,
+                     tokens_per_sec: Optional[float]) -> None:
+    """Evaluate, log the record and print it; save best.pt when the validation loss improved."""
+    record, improved = evaluate(run, step, lr, tokens_per_sec)
+    out.log(record)
+    out.say(describe(record))
+    if improved:
+        checkpoint.save(run, out.best, full=False)
+
+
+def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock") -> dict:
+    """After the loop: the final weights on the whole validation split, samples from the best
+    weights, summary.json, the end of this segment in run.json."""
+    full = {} if diverged else evaluate_full(run)
+    if full:
+        out.say(describe_full(full))
+    if run.compute.rank == 0 and not diverged and run.config.train_cfg.sample_prompts:
+        write_samples(run, out.path, out.best)
+    run.state.progress.wall_s = clock.wall_s()
+    summary = summarize(run, step, clock.tokens_per_sec(), diverged=diverged, full=full)
+    out.write_summary(summary)
+    out.end_segment(step, "diverged" if diverged else "finished")
+    if diverged and run.config.train_cfg.on_nan == "raise":
         raise Diverged(f"non-finite training loss at step {step}; the last good checkpoint is "
-                       f"{ckpt_dir / 'last.pt'} (trainer.on_nan=raise)")
+                       f"{out.last} (trainer.on_nan=raise)")
     return summary
+
+
+class Clock:
+    """Tokens per second of training between check steps (evaluations and checkpoints not
+    counted), and the run's wall time over all its segments (everything counted)."""
+
+    def __init__(self, step: int, tokens_per_step: int, wall_s: float):
+        self.tokens_per_step, self.first_step, self.last_step = tokens_per_step, step, step
+        self.train_s, self.wall_before = 0.0, wall_s
+        self.start = self.lap_start = time.perf_counter()
+
+    def lap(self, step: int) -> float:
+        """Tokens per second of the steps since the last lap; `restart` starts the next."""
+        elapsed = time.perf_counter() - self.lap_start
+        tokens = self.tokens_per_step * (step - self.last_step)
+        self.train_s, self.last_step = self.train_s + elapsed, step
+        return tokens / elapsed
+
+    def restart(self) -> None:
+        self.lap_start = time.perf_counter()
+
+    def wall_s(self) -> float:
+        return self.wall_before + time.perf_counter() - self.start
+
+    def tokens_per_sec(self) -> Optional[float]:
+        """Tokens per second over every lap of this segment."""
+        steps = self.last_step - self.first_step
+        return self.tokens_per_step * steps / self.train_s if self.train_s else None
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
@@ -169,8 +182,7 @@ def hydra_main(cfg: DictConfig) -> None:
         shared = [str(run_dir)]
         dist.broadcast_object_list(shared, src=0)   # only rank 0's Hydra made a directory
         run_dir = Path(shared[0])
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank, world = process_rank(), world_size()
     try:
         summary = train(cfg, run_dir)
     except UserError as err:

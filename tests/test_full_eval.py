@@ -57,7 +57,7 @@ def test_every_target_once_with_its_window_context(model):
     tokens = split(8 * 5 + 4)   # five full windows and a short one of 3 targets
     expected, n_targets = by_hand(model, tokens)
     result = score(model, tokens)
-    assert result.targets == n_targets == len(tokens) - 1 and result.complete
+    assert result.targets == n_targets == len(tokens) - 1 == result.split_targets
     assert result.loss == pytest.approx(expected, abs=1e-5)
 
 
@@ -99,7 +99,7 @@ def test_cap_scores_an_even_deterministic_subset(model):
     assert np.all(np.diff(starts) >= 8 * 10)   # spread over the whole split, not its head
     assert np.array_equal(starts, window_starts(n, BLOCK, max_tokens=8 * 10))
     result = score(model, split(n), max_tokens=8 * 10)
-    assert result.targets == 80 and result.split_targets == 800 and not result.complete
+    assert result.targets == 80 and result.split_targets == 800
     assert len(window_starts(n, BLOCK, max_tokens=None)) == 100
 
 

@@ -3,7 +3,6 @@
 import copy
 import math
 from contextlib import nullcontext
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,9 +10,9 @@ import torch.nn.functional as F
 
 from data.batching import Batch
 from model.gpt import GPT, IGNORE_INDEX, GPTConfig
-from trainer.build import make_optimizer
+from trainer.build import Compute, TrainState, make_optimizer
 from trainer.evaluate import estimate_loss
-from trainer.schema import OptimConfig, TrainerConfig
+from trainer.schema import OptimConfig
 from trainer.step import train_step
 
 VOCAB, T = 20, 8
@@ -77,11 +76,11 @@ def test_train_step_loss_and_gradient_weigh_tokens_not_micro_batches():
     device = torch.device("cpu")
     optim = OptimConfig(warmup_steps=0, grad_clip=0.0)
     optimizer = make_optimizer(m, optim, device)
-    run = SimpleNamespace(   # the parts of a trainer.build.Run that a step uses
-        raw=m, ddp=m, batcher=ListBatcher(batches()), optimizer=optimizer,
+    state = TrainState(
+        model=m, wrapped=m, optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
-        scaler=torch.amp.GradScaler("cpu", enabled=False), ctx=nullcontext(),
-        tc=TrainerConfig(grad_accum=2), optim=optim, device=device)
-    loss, grad_norm, _ = train_step(run, want_qk=False)
+        scaler=torch.amp.GradScaler("cpu", enabled=False), batcher=ListBatcher(batches()))
+    compute = Compute(rank=0, world=1, device=device, precision="fp32", autocast=nullcontext())
+    loss, grad_norm, _ = train_step(state, compute, grad_accum=2, grad_clip=optim.grad_clip)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert grad_norm.item() == pytest.approx(expected_norm, rel=1e-5)

@@ -1,12 +1,13 @@
-"""Build a run from the composed config: device, precision, data, model, optimizer, schedule.
+"""Build a run from the composed config: processes, device, precision, data, model, optimizer.
 
 `build(cfg)` is what `python train.py <overrides>` runs on; scripts/bench.py times the same
-object. It validates everything and writes nothing but the data cache.
-"""
+objects. It validates everything and writes nothing but the data cache. The run's parts are
+small types, each passed alone to the functions that use it; TrainState is what the next
+optimizer step depends on, and what last.pt saves."""
 
 import math
 import os
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.batching import Batcher, fixed_batches
+from data.batching import Batch, Batcher, fixed_batches
 from data.config import DataConfig
 from data.prepare import PreparedData, prepare
 from model.attention import ScalingConfig
@@ -28,75 +29,116 @@ from trainer.schema import OptimConfig, TrainerConfig
 EVAL_SEED = 0
 
 
-@dataclass
-class Run:
-    """Everything a run is made of, built once from the composed config by `build`."""
-
-    c: dict                    # the resolved config as plain containers (saved with checkpoints)
-    optim: OptimConfig
-    tc: TrainerConfig
-    rank: int
-    world: int
-    device: torch.device
-    precision: str
-    ctx: object                # autocast context (or nullcontext for float32)
-    data: PreparedData
+@dataclass(frozen=True)
+class RunConfig:
+    resolved: dict             # the composed config as plain containers: run.json, checkpoints
     model_cfg: GPTConfig
-    prompts: list              # token ids of trainer.sample_prompts
-    batcher: Batcher
-    val_batches: list
-    train_batches: list
-    raw: GPT                   # the plain module: state dicts, diagnostics, sampling
-    model: torch.nn.Module     # raw, or torch.compile(raw)
-    ddp: torch.nn.Module       # model, or DDP(model) with several processes: runs the step
+    data_cfg: DataConfig
+    optim_cfg: OptimConfig
+    train_cfg: TrainerConfig
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step, all micro-steps and processes together."""
+        return self.train_cfg.batch_size * self.train_cfg.grad_accum * self.model_cfg.block_size
+
+
+@dataclass(frozen=True)
+class Compute:
+    rank: int                  # this process (0 writes the run directory)
+    world: int                 # the number of processes
+    device: torch.device
+    precision: str             # what trainer.precision resolved to: fp32 | bf16 | fp16
+    autocast: AbstractContextManager   # torch.autocast, or nullcontext for fp32
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    best_val_loss: float = math.inf
+    best_step: Optional[int] = None
+    init_val_loss: Optional[float] = None
+    final_val_loss: Optional[float] = None
+    wall_s: float = 0.0        # summed over every segment (start or resume) of the run
+
+
+@dataclass
+class TrainState:
+    model: GPT                 # the plain module: weights, diagnostics, evaluation, sampling
+    wrapped: torch.nn.Module   # model, compiled and/or DDP-wrapped: the step's forward
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    state: dict = field(default_factory=lambda: {
-        "step": 0, "best_val_loss": math.inf, "best_step": None, "init_val_loss": None,
-        "final_val_loss": None, "wall_s": 0.0})
+    batcher: Batcher
+    progress: Progress = field(default_factory=Progress)
+
+
+@dataclass
+class Run:
+    config: RunConfig
+    compute: Compute
+    state: TrainState
+    data: PreparedData
+    eval_batches: dict[str, list[Batch]]   # "val", "train": the same batches every evaluation
+    prompts: list[list[int]]               # token ids of trainer.sample_prompts
 
 
 def build(cfg: DictConfig) -> Run:
-    """Validated dataclasses, data, model, optimizer. Writes nothing but the data cache."""
+    """Validated configs, data, model, optimizer. Writes nothing but the data cache."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    data_cfg, scaling = DataConfig(**c["data"]), ScalingConfig(**c["scaling"])
-    optim, tc = OptimConfig(**c["optim"]), TrainerConfig(**c["trainer"])
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if tc.batch_size % world:
-        raise UserError(f"trainer.batch_size={tc.batch_size} must be a multiple of the number "
-                        f"of processes ({world}): the global batch is split evenly.")
-    threads = thread_count(tc.threads)
+    data_cfg, train_cfg = DataConfig(**c["data"]), TrainerConfig(**c["trainer"])
+    optim_cfg = OptimConfig(**c["optim"])
+    rank, world = process_rank(), world_size()
+    if train_cfg.batch_size % world:
+        raise UserError(f"trainer.batch_size={train_cfg.batch_size} must be a multiple of the "
+                        f"number of processes ({world}): the global batch is split evenly.")
+    threads = thread_count(train_cfg.threads)
     if threads is not None:
         torch.set_num_threads(threads)
-    device = pick_device(tc.device)
-    amp = autocast_dtype(tc.precision, device)
+    device = pick_device(train_cfg.device)
+    amp = autocast_dtype(train_cfg.precision, device)
+    compute = Compute(rank, world, device, precision_name(amp),
+                      torch.autocast(device.type, dtype=amp) if amp else nullcontext())
 
     data = prepare(data_cfg)
-    model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=scaling, **c["model"])
-    prompts = [data.encode(p) or [data.eot_id] for p in tc.sample_prompts]   # fail early
-    batch_kw = dict(block_size=model_cfg.block_size, batch_size=tc.batch_size,
+    model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=ScalingConfig(**c["scaling"]),
+                          **c["model"])
+    prompts = [data.encode(p) or [data.eot_id] for p in train_cfg.sample_prompts]  # fail early
+    batch_kw = dict(block_size=model_cfg.block_size, batch_size=train_cfg.batch_size,
                     packing=data_cfg.packing, pad_id=data.pad_id, rank=rank, world_size=world)
-    fixed_kw = dict(n_batches=tc.eval_iters, seed=EVAL_SEED, **batch_kw)
-    torch.manual_seed(tc.seed)
-    raw = GPT(model_cfg).to(device)
-    model = torch.compile(raw) if tc.compile else raw
-    ddp = model
+    eval_batches = {split: fixed_batches(getattr(data, split), getattr(data, f"{split}_docs"),
+                                         n_batches=train_cfg.eval_iters, seed=EVAL_SEED,
+                                         **batch_kw) for split in ("val", "train")}
+    torch.manual_seed(train_cfg.seed)
+    model = GPT(model_cfg).to(device)
+    wrapped = torch.compile(model) if train_cfg.compile else model
     if world > 1:
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = make_optimizer(raw, optim, device)
-    return Run(
-        c=c, optim=optim, tc=tc, rank=rank, world=world, device=device,
-        precision=precision_name(amp),
-        ctx=torch.autocast(device.type, dtype=amp) if amp else nullcontext(),
-        data=data, model_cfg=model_cfg, prompts=prompts,
-        batcher=Batcher(data.train, data.train_docs, seed=tc.seed, **batch_kw),
-        val_batches=fixed_batches(data.val, data.val_docs, **fixed_kw),
-        train_batches=fixed_batches(data.train, data.train_docs, **fixed_kw),
-        raw=raw, model=model, ddp=ddp, optimizer=optimizer,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda epoch: lr_at(epoch + 1, optim, tc.max_steps) / optim.lr),
-        scaler=torch.amp.GradScaler(device.type, enabled=amp == torch.float16))
+        wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = make_optimizer(model, optim_cfg, device)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda epoch: lr_at(epoch + 1, optim_cfg, train_cfg.max_steps) / optim_cfg.lr)
+    state = TrainState(
+        model, wrapped, optimizer, schedule,
+        torch.amp.GradScaler(device.type, enabled=amp == torch.float16),
+        Batcher(data.train, data.train_docs, seed=train_cfg.seed, **batch_kw))
+    config = RunConfig(c, model_cfg, data_cfg, optim_cfg, train_cfg)
+    return Run(config, compute, state, data, eval_batches, prompts)
+
+
+def process_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    """The number of processes of this run (torchrun's WORLD_SIZE; 1 without torchrun)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over every process, in place (unchanged with one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t
 
 
 # trainer.threads=auto uses at most this many threads. A choice, not a measurement: this
@@ -143,18 +185,15 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def cpu_has_fast_bf16() -> bool:
-    """Native bf16 matmuls (AMX tiles or AVX512-BF16); elsewhere CPU bf16 is emulated, slow.
-    docs/benchmarks.md has the measured bf16 and float32 step times."""
-    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-
-
 def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype for trainer.precision (None = plain float32)."""
+    """The autocast dtype for trainer.precision (None = plain float32). auto: bf16 on GPUs
+    (fp16 without bf16) and on CPUs with native bf16 matmuls (AMX tiles or AVX512-BF16; elsewhere
+    CPU bf16 is emulated and slow: docs/benchmarks.md), else float32."""
     if precision == "auto":
         if device.type == "cuda":
             precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        elif device.type == "cpu" and cpu_has_fast_bf16():
+        elif device.type == "cpu" and (torch.cpu._is_amx_tile_supported()
+                                       or torch.cpu._is_avx512_bf16_supported()):
             precision = "bf16"
         else:
             precision = "fp32"
@@ -166,19 +205,24 @@ def precision_name(dtype: Optional[torch.dtype]) -> str:
     return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
-def make_optimizer(model: GPT, optim: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: GPT, optim_cfg: OptimConfig,
+                   device: torch.device) -> torch.optim.AdamW:
     """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
+    groups = [{"params": [p for p in params if p.dim() >= 2],
+               "weight_decay": optim_cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     # fused: one kernel for all parameters, on the CPU too (docs/benchmarks.md)
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+    return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                             eps=optim_cfg.eps,
                              fused=True if device.type in ("cuda", "cpu") else None)
 
 
-def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
+def lr_at(step: int, optim_cfg: OptimConfig, max_steps: int) -> float:
     """Learning rate of optimizer step `step` (1-based): linear warm-up, then cosine to min_lr."""
-    if step <= optim.warmup_steps:
-        return optim.lr * step / optim.warmup_steps
-    progress = min(1.0, (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps))
-    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (optim.lr - optim.min_lr)
+    if step <= optim_cfg.warmup_steps:
+        return optim_cfg.lr * step / optim_cfg.warmup_steps
+    progress = min(1.0, (step - optim_cfg.warmup_steps)
+                   / max(1, max_steps - optim_cfg.warmup_steps))
+    return optim_cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (
+        optim_cfg.lr - optim_cfg.min_lr)

@@ -20,7 +20,7 @@ checkpoints/last.pt adds the whole training state; best.pt is weights and the fi
 
 import random
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from model.errors import UserError
-from trainer.build import Run
+from trainer.build import Progress, Run
 from trainer.run_dir import atomic_write
 
 FORMAT, VERSION = "attnscale-checkpoint", 1
@@ -40,13 +40,6 @@ class CheckpointError(UserError):
     def __init__(self, path: Path, problem: str):
         super().__init__(f"{path}: {problem}")
         self.path, self.problem = path, problem
-
-
-def write(path: Path, content: dict) -> None:
-    """Write `content` (tensors and plain containers) with the format header."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    content = {"format": FORMAT, "version": VERSION, **content}
-    atomic_write(path, lambda f: torch.save(content, f))
 
 
 def read(path: Path) -> dict:
@@ -79,44 +72,48 @@ def read(path: Path) -> dict:
     return ckpt
 
 
-def save(r: Run, path: Path, full: bool = True) -> None:
-    """Write r's checkpoint (rank 0). full=False: weights and progress only, for best.pt.
+def save(run: Run, path: Path, full: bool = True) -> None:
+    """Write the run's checkpoint (rank 0). full=False: weights and progress only, for best.pt.
     Call on every rank: the random streams of all processes are gathered."""
-    rngs = [None] * r.world
-    if r.world > 1:
-        dist.all_gather_object(rngs, rng_state(r.device))
+    compute, state = run.compute, run.state
+    rngs = [None] * compute.world
+    if compute.world > 1:
+        dist.all_gather_object(rngs, rng_state(compute.device))
     else:
-        rngs = [rng_state(r.device)]
-    if r.rank != 0:
+        rngs = [rng_state(compute.device)]
+    if compute.rank != 0:
         return
-    content = {"model": r.raw.state_dict(), "model_config": asdict(r.model_cfg), "config": r.c,
-               "pad_id": r.data.pad_id, **r.state}
+    content = {"model": state.model.state_dict(), "model_config": asdict(run.config.model_cfg),
+               "config": run.config.resolved, "pad_id": run.data.pad_id,
+               **asdict(state.progress)}
     if full:
-        content.update(optimizer=r.optimizer.state_dict(), scheduler=r.scheduler.state_dict(),
-                       scaler=r.scaler.state_dict(), sampler=r.batcher.state_dict(), rng=rngs,
-                       world_size=r.world)
-    write(path, content)
+        content.update(optimizer=state.optimizer.state_dict(),
+                       scheduler=state.scheduler.state_dict(), scaler=state.scaler.state_dict(),
+                       sampler=state.batcher.state_dict(), rng=rngs, world_size=compute.world)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **content}, f))
 
 
-def restore(r: Run, path: Path) -> None:
+def restore(run: Run, path: Path) -> None:
     """Load every piece of state the next step depends on from a last.pt checkpoint."""
     try:
         ckpt = read(path)
     except CheckpointError as err:
-        raise UserError(f"Cannot resume from {err.path} (trainer.resume={r.tc.resume}): "
-                        f"{err.problem} Resume from checkpoints/last.pt of a run trained by "
-                        "this version of train.py, or start a new run without trainer.resume."
-                        ) from None
-    check_resumable(ckpt, r.c, r.model_cfg.vocab_size, path)
-    r.raw.load_state_dict(ckpt["model"])
-    r.optimizer.load_state_dict(ckpt["optimizer"])
-    r.scheduler.load_state_dict(ckpt["scheduler"])
+        raise UserError(f"Cannot resume from {err.path} (trainer.resume="
+                        f"{run.config.train_cfg.resume}): {err.problem} Resume from "
+                        "checkpoints/last.pt of a run trained by this version of train.py, or "
+                        "start a new run without trainer.resume.") from None
+    check_resumable(ckpt, run.config.resolved, run.config.model_cfg.vocab_size, path)
+    compute, state = run.compute, run.state
+    state.model.load_state_dict(ckpt["model"])
+    state.optimizer.load_state_dict(ckpt["optimizer"])
+    state.scheduler.load_state_dict(ckpt["scheduler"])
     if ckpt["scaler"]:   # empty when saved without fp16 (a disabled scaler has no state)
-        r.scaler.load_state_dict(ckpt["scaler"])
-    r.batcher.load_state_dict(ckpt["sampler"])
-    r.state.update({k: ckpt[k] for k in r.state})
+        state.scaler.load_state_dict(ckpt["scaler"])
+    state.batcher.load_state_dict(ckpt["sampler"])
+    state.progress = Progress(**{f.name: ckpt[f.name] for f in fields(Progress)})
     rngs = ckpt["rng"]   # one per process; a run resumed on another process count uses the first
-    set_rng_state(rngs[r.rank] if len(rngs) == r.world else rngs[0], r.device)
+    set_rng_state(rngs[compute.rank] if len(rngs) == compute.world else rngs[0], compute.device)
 
 
 def rng_state(device: torch.device) -> dict:

@@ -6,38 +6,45 @@ random numbers, so evaluating never changes what training does next.
 """
 
 import math
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from model.gpt import IGNORE_INDEX, eval_mode
+from model.gpt import GPT, IGNORE_INDEX, eval_mode
 from trainer import checkpoint
-from trainer.build import Run
+from trainer.build import Run, all_reduce_sum
 from trainer.full_eval import full_split_loss
-from trainer.step import all_reduce_sum, to_device
+from trainer.step import to_device
+
+
+def bits_per_byte(loss: float, bytes_per_token: float) -> float:
+    """A loss in nats per token as bits per byte of text: comparable across tokenizers."""
+    return loss / math.log(2) / bytes_per_token
 
 
 @torch.no_grad()
-def estimate_loss(model, batches, ctx, device) -> float:
+def estimate_loss(model: torch.nn.Module, batches, autocast: AbstractContextManager,
+                  device: torch.device) -> float:
     """Mean loss over every real target of the fixed batches of all processes, in eval mode."""
     total = torch.zeros(2, device=device)   # (sum of token losses, number of real targets)
     with eval_mode(model):
         for batch in batches:
             idx, targets, valid = to_device(batch, device)
-            with ctx:
+            with autocast:
                 loss_sum = model(idx, targets, valid, reduction="sum")[1].float()
             total += torch.stack([loss_sum, (targets != IGNORE_INDEX).sum().float()])
     loss_sum, count = all_reduce_sum(total).tolist()
     return loss_sum / count
 
 
-def attention_record(r: Run) -> dict:
-    """Per-layer attention diagnostics on the first fixed validation batch: mean entropy over
-    heads, max |logit| over heads, mean fraction of saturated rows over heads, and for the raw
-    scores q.k before the scale: mean Var(q.k) / d_head over heads and max |q.k| over heads."""
-    idx, _, valid = to_device(r.val_batches[0], r.device)
-    stats = r.raw.attention_stats(idx, valid)
+def attention_record(model: GPT, batch, device: torch.device) -> dict:
+    """Per-layer attention diagnostics on `batch`: mean entropy over heads, max |logit| over
+    heads, mean fraction of saturated rows over heads, and for the raw scores q.k before the
+    scale: mean Var(q.k) / d_head over heads and max |q.k| over heads."""
+    idx, _, valid = to_device(batch, device)
+    stats = model.attention_stats(idx, valid)
     return {"attn_entropy": [s["entropy"].mean().item() for s in stats],
             "attn_max_logit": [s["max_logit"].max().item() for s in stats],
             "attn_saturated": [s["saturated"].mean().item() for s in stats],
@@ -45,36 +52,40 @@ def attention_record(r: Run) -> dict:
             "attn_raw_max_logit": [s["raw_max_logit"].max().item() for s in stats]}
 
 
-def evaluate(r: Run, step: int, lr: float,
+def evaluate(run: Run, step: int, lr: float,
              tokens_per_sec: Optional[float]) -> tuple[dict, bool]:
     """The eval record of `step` (diagnostics on rank 0 only) and whether val_loss is the best
-    so far; updates r.state (best, final and initial validation loss)."""
-    val_loss = estimate_loss(r.model, r.val_batches, r.ctx, r.device)
-    record = {"kind": "eval", "step": step,
-              "train_loss": estimate_loss(r.model, r.train_batches, r.ctx, r.device),
-              "val_loss": val_loss,
-              "val_bpb": val_loss / math.log(2) / r.data.meta["bytes_per_token"]["val"],
+    so far; updates the run's progress (best, final and initial validation loss)."""
+    model, compute, progress = run.state.model, run.compute, run.state.progress
+    val_loss, train_loss = (estimate_loss(model, run.eval_batches[split], compute.autocast,
+                                          compute.device) for split in ("val", "train"))
+    record = {"kind": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss,
+              "val_bpb": bits_per_byte(val_loss, run.data.meta["bytes_per_token"]["val"]),
               "lr": lr, "tokens_per_sec": tokens_per_sec}
-    r.state["final_val_loss"] = val_loss
+    progress.final_val_loss = val_loss
     if step == 0:
-        r.state["init_val_loss"] = val_loss
-    improved = math.isfinite(val_loss) and val_loss < r.state["best_val_loss"]
+        progress.init_val_loss = val_loss
+    improved = math.isfinite(val_loss) and val_loss < progress.best_val_loss
     if improved:
-        r.state["best_val_loss"], r.state["best_step"] = val_loss, step
-    if r.rank == 0:
-        record.update(attention_record(r))
+        progress.best_val_loss, progress.best_step = val_loss, step
+    if compute.rank == 0:
+        record.update(attention_record(model, run.eval_batches["val"][0], compute.device))
     return record, improved
 
 
-def evaluate_full(r: Run) -> dict:
+def evaluate_full(run: Run) -> dict:
     """The final model on the whole validation split (trainer/full_eval.py), capped at
     trainer.full_eval_tokens targets: summary.json's *_full fields."""
-    full = full_split_loss(r.raw, r.data.val, block_size=r.model_cfg.block_size,
-                           batch_size=max(1, r.tc.batch_size // r.world), device=r.device,
-                           autocast=r.ctx, max_tokens=r.tc.full_eval_tokens, rank=r.rank,
-                           world=r.world)
+    compute, train_cfg = run.compute, run.config.train_cfg
+    full = full_split_loss(run.state.model, run.data.val,
+                           block_size=run.config.model_cfg.block_size,
+                           batch_size=max(1, train_cfg.batch_size // compute.world),
+                           device=compute.device, autocast=compute.autocast,
+                           max_tokens=train_cfg.full_eval_tokens, rank=compute.rank,
+                           world=compute.world)
     return {"final_val_loss_full": full.loss,
-            "final_val_bpb_full": full.loss / math.log(2) / r.data.meta["bytes_per_token"]["val"],
+            "final_val_bpb_full": bits_per_byte(full.loss,
+                                                run.data.meta["bytes_per_token"]["val"]),
             "full_eval_targets": full.targets, "full_eval_split_targets": full.split_targets}
 
 
@@ -95,15 +106,18 @@ def describe(record: dict) -> str:
             f"{record['lr']:.2e}" + (f", {speed:,.0f} tokens/s" if speed else ""))
 
 
-def write_samples(r: Run, run_dir: Path, best: Path) -> None:
+def write_samples(run: Run, run_dir: Path, best: Path) -> None:
     """samples.txt: one continuation per trainer.sample_prompts, from the weights of `best`
     (best.pt; the current weights if no evaluation improved on the first)."""
+    model, train_cfg = run.state.model, run.config.train_cfg
     if best.exists():
-        r.raw.load_state_dict(checkpoint.read(best)["model"])
-    gen = torch.Generator(device=r.device).manual_seed(r.tc.seed)
-    r.raw.eval()
-    outs = r.raw.generate(r.prompts, r.tc.sample_tokens, temperature=r.tc.sample_temperature,
-                          top_k=r.tc.sample_top_k, pad_id=r.data.pad_id, generator=gen)
-    text = "".join(f"--- prompt {p!r} ---\n{p}{r.data.decode(o)}\n\n"
-                   for p, o in zip(r.tc.sample_prompts, outs))
+        model.load_state_dict(checkpoint.read(best)["model"])
+    gen = torch.Generator(device=run.compute.device).manual_seed(train_cfg.seed)
+    with eval_mode(model):
+        outs = model.generate(run.prompts, train_cfg.sample_tokens,
+                              temperature=train_cfg.sample_temperature,
+                              top_k=train_cfg.sample_top_k, pad_id=run.data.pad_id,
+                              generator=gen)
+    text = "".join(f"--- prompt {p!r} ---\n{p}{run.data.decode(o)}\n\n"
+                   for p, o in zip(train_cfg.sample_prompts, outs))
     (run_dir / "samples.txt").write_text(text)

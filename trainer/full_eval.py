@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from model.gpt import eval_mode
+from trainer.build import all_reduce_sum
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,6 @@ class FullEval:
     loss: float         # mean cross-entropy per scored target token (nats)
     targets: int        # target tokens scored
     split_targets: int  # target tokens in the split (len(split) - 1)
-
-    @property
-    def complete(self) -> bool:
-        return self.targets == self.split_targets
 
 
 def window_starts(n_tokens: int, block_size: int, max_tokens: int | None) -> np.ndarray:
@@ -80,9 +76,8 @@ def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_si
             loss_sum += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
                                         reduction="sum").double()
             count += targets.numel()
-    if dist.is_initialized():
-        dist.all_reduce(loss_sum)
-        dist.all_reduce(count)
+    all_reduce_sum(loss_sum)
+    all_reduce_sum(count)
     scored = int(count.item())
     return FullEval(loss=(loss_sum / count).item() if scored else float("nan"),
                     targets=scored, split_targets=n - 1)

@@ -16,8 +16,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 
-from trainer.build import Run
-
 
 def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
     """trainer.resume: null (fresh), auto (run_dir's last.pt if any), or a checkpoint path."""
@@ -29,17 +27,22 @@ def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
     return Path(to_absolute_path(resume))
 
 
-def finished(r: Run, run_dir: Path) -> Optional[str]:
-    """Why a resumed run has nothing left to do (None if it has): its checkpoint is at
-    trainer.max_steps, or its summary.json says it diverged."""
-    if r.state["step"] >= r.tc.max_steps:
-        return (f"its checkpoint is at step {r.state['step']} and trainer.max_steps="
-                f"{r.tc.max_steps}; raise trainer.max_steps to train it further")
+def finished(step: int, max_steps: int, run_dir: Path, rank: int) -> bool:
+    """Whether a resumed run has nothing left to do (its checkpoint is at trainer.max_steps, or
+    its summary.json says it diverged); rank 0 says why."""
     summary = run_dir / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("diverged"):
-        return ("it diverged (summary.json); start a new run, e.g. with a lower optim.lr, to "
-                "try again")
-    return None
+    if step >= max_steps:
+        reason = (f"its checkpoint is at step {step} and trainer.max_steps={max_steps}; raise "
+                  "trainer.max_steps to train it further")
+    elif summary.is_file() and json.loads(summary.read_text()).get("diverged"):
+        reason = ("it diverged (summary.json); start a new run, e.g. with a lower optim.lr, to "
+                  "try again")
+    else:
+        return False
+    if rank == 0:
+        print(f"Nothing to do: the run in {run_dir} is finished ({reason}). Its files are left "
+              "as they are.")
+    return True
 
 
 def overrides() -> list[str]:

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from model.errors import UserError
 from trainer.build import MAX_AUTO_THREADS, Run, available_cores
@@ -101,23 +102,6 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-class MetricsLog:
-    """Append-only metrics.jsonl, flushed per record so a plot script can read a live run."""
-
-    def __init__(self, path: Path, resume_step: Optional[int] = None):
-        self.path = path
-        if resume_step is not None and path.exists():
-            kept = [json.dumps(r) for r in read_metrics(path) if r["step"] <= resume_step]
-            atomic_write(path, lambda f: f.write("".join(k + "\n" for k in kept).encode()))
-        self.file = open(path, "a", buffering=1)
-
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def read_metrics(path: Path) -> list[dict]:
     """The records of metrics.jsonl. A last line that is not JSON was torn by a kill in the
     middle of a write and is dropped (its step is redone on resume); a bad line anywhere else
@@ -139,69 +123,110 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def begin_segment(path: Path, run: dict, segment: dict, resumed: bool) -> None:
-    """run.json: what the run is, as its first segment wrote it, and one record per segment
-    (each start or resume). A resumed run keeps what is there and appends its segment."""
-    record = json.loads(path.read_text()) if resumed and path.exists() else run
-    record["segments"] = [*record.get("segments", []), segment]
-    write_json(path, record)
-
-
-def end_segment(path: Path, **fields) -> None:
-    """Complete the last segment of run.json (end step, end time, how it ended)."""
-    record = json.loads(path.read_text())
-    record["segments"][-1].update(fields)
-    write_json(path, record)
-
-
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def open_run_dir(r: Run, run_dir: Path, resumed_from: Optional[Path],
-                 overrides: list[str]) -> MetricsLog:
-    """Print what is about to run; add this segment to run.json, copy tokenizer.json, open
-    metrics.jsonl (dropping the records of steps past the checkpoint)."""
-    print(f"data {r.c['data']['name']}: {len(r.data.train):,} train / {len(r.data.val):,} val "
-          f"tokens, vocab {r.data.vocab_size}; model {r.raw.num_params() / 1e6:.2f}M "
-          f"parameters; {r.device} {r.precision}, {torch.get_num_threads()} thread(s)"
-          + (f" (trainer.threads=auto: {available_cores()} core(s) available, at most "
-             f"{MAX_AUTO_THREADS})" if r.tc.threads == "auto" else "")
-          + f" x {r.world} process(es)"
-          + (f"; resuming from {resumed_from} at step {r.state['step']}" if resumed_from else "")
-          + ("; trainer.resume=auto found no checkpoint: starting fresh"
-             if r.tc.resume == "auto" and not resumed_from else ""))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = MetricsLog(run_dir / "metrics.jsonl",
-                     resume_step=r.state["step"] if resumed_from else None)
-    env = environment(r.device)
-    segment = {"started_at": now(), "start_step": r.state["step"],
+class RunDir:
+    """The run directory as the loop writes it: on rank 0 only, so the loop reads the same on
+    every process. Opening it prints what is about to run, adds this segment to run.json,
+    copies tokenizer.json and opens metrics.jsonl (flushed per line: plots read live runs)."""
+
+    def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
+        self.path, self.writes = path, run.compute.rank == 0
+        self.last, self.best = path / "checkpoints" / "last.pt", path / "checkpoints" / "best.pt"
+        self.metrics = None
+        if not self.writes:
+            return
+        print(start_line(run, resumed_from))
+        path.mkdir(parents=True, exist_ok=True)
+        metrics = path / "metrics.jsonl"
+        if resumed_from and metrics.exists():   # drop the records of steps past the checkpoint
+            kept = [json.dumps(r) + "\n" for r in read_metrics(metrics)
+                    if r["step"] <= run.state.progress.step]
+            atomic_write(metrics, lambda f: f.write("".join(kept).encode()))
+        self.metrics = open(metrics, "a", buffering=1)   # one flushed line per record
+        begin_segment(path / "run.json", run, resumed_from, overrides)
+        shutil.copyfile(run.data.tokenizer_path, path / "tokenizer.json")
+
+    def log(self, record: dict) -> None:
+        """One line of metrics.jsonl."""
+        if self.metrics:
+            self.metrics.write(json.dumps(record) + "\n")
+
+    def say(self, line: str) -> None:
+        """One line on the terminal, above the progress bar."""
+        if self.writes:
+            tqdm.write(line)
+
+    def end_segment(self, step: int, ended: str) -> None:
+        """Complete this segment of run.json: end step, end time, how it ended."""
+        if self.writes:
+            record = json.loads((self.path / "run.json").read_text())
+            record["segments"][-1].update(ended_at=now(), end_step=step, ended=ended)
+            write_json(self.path / "run.json", record)
+
+    def write_summary(self, summary: dict) -> None:
+        if self.writes:
+            write_json(self.path / "summary.json", summary)
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.metrics:
+            self.metrics.close()
+
+
+def start_line(run: Run, resumed_from: Optional[Path]) -> str:
+    """What is about to run: data, model size, device, precision, threads, processes."""
+    data, compute, train_cfg = run.data, run.compute, run.config.train_cfg
+    return (f"data {run.config.data_cfg.name}: "
+            f"{len(data.train):,} train / {len(data.val):,} val tokens, vocab "
+            f"{data.vocab_size}; model {run.state.model.num_params() / 1e6:.2f}M parameters; "
+            f"{compute.device} {compute.precision}, {torch.get_num_threads()} thread(s)"
+            + (f" (trainer.threads=auto: {available_cores()} core(s) available, at most "
+               f"{MAX_AUTO_THREADS})" if train_cfg.threads == "auto" else "")
+            + f" x {compute.world} process(es)"
+            + (f"; resuming from {resumed_from} at step {run.state.progress.step}"
+               if resumed_from else "")
+            + ("; trainer.resume=auto found no checkpoint: starting fresh"
+               if train_cfg.resume == "auto" and not resumed_from else ""))
+
+
+def begin_segment(path: Path, run: Run, resumed_from: Optional[Path],
+                  overrides: list[str]) -> None:
+    """run.json: what the run is, as its first segment wrote it, and one record per segment
+    (each start or resume). A resumed run keeps what is there and appends its segment."""
+    compute, train_cfg = run.compute, run.config.train_cfg
+    env = environment(compute.device)
+    segment = {"started_at": now(), "start_step": run.state.progress.step,
                "resumed_from": str(resumed_from) if resumed_from else None,
                "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
-               "command": env["command"], "world_size": r.world, "precision": r.precision,
-               "compile": r.tc.compile, "device": env["device"]}
-    begin_segment(run_dir / "run.json", {
-        "config": r.c, "overrides": overrides, "model_config": asdict(r.model_cfg),
-        "n_params": r.raw.num_params(), "world_size": r.world, "precision": r.precision,
-        "compile": r.tc.compile, "resumed_from": segment["resumed_from"], "data": r.data.meta,
-        **env}, segment, resumed=resumed_from is not None)
-    shutil.copyfile(r.data.tokenizer_path, run_dir / "tokenizer.json")
-    return log
+               "command": env["command"], "world_size": compute.world,
+               "precision": compute.precision, "compile": train_cfg.compile,
+               "device": env["device"]}
+    record = json.loads(path.read_text()) if resumed_from and path.exists() else {
+        "config": run.config.resolved, "overrides": overrides,
+        "model_config": asdict(run.config.model_cfg), "n_params": run.state.model.num_params(),
+        "world_size": compute.world, "precision": compute.precision,
+        "compile": train_cfg.compile, "resumed_from": segment["resumed_from"],
+        "data": run.data.meta, **env}
+    record["segments"] = [*record.get("segments", []), segment]
+    write_json(path, record)
 
 
-def summarize(r: Run, step: int, tokens_per_sec: Optional[float], diverged: bool,
+def summarize(run: Run, step: int, tokens_per_sec: Optional[float], diverged: bool,
               full: dict) -> dict:
     """summary.json's content; non-finite numbers become null (JSON has no NaN). `full` holds
     the whole-split evaluation (trainer.evaluate.evaluate_full; null fields if diverged)."""
-    s = r.state
-    tokens_per_step = r.tc.batch_size * r.tc.grad_accum * r.model_cfg.block_size
-    summary = {"final_val_loss": s["final_val_loss"], "best_val_loss": s["best_val_loss"],
-               "best_step": s["best_step"], "init_val_loss": s["init_val_loss"],
-               "steps": step, "tokens": step * tokens_per_step, "tokens_per_sec": tokens_per_sec,
-               "n_params": r.raw.num_params(), "diverged": diverged, "wall_s": s["wall_s"],
-               "final_val_loss_full": full.get("final_val_loss_full"),
-               "final_val_bpb_full": full.get("final_val_bpb_full"),
-               "full_eval_targets": full.get("full_eval_targets"),
-               "full_eval_split_targets": full.get("full_eval_split_targets")}
+    p = run.state.progress
+    summary = {"final_val_loss": p.final_val_loss, "best_val_loss": p.best_val_loss,
+               "best_step": p.best_step, "init_val_loss": p.init_val_loss, "steps": step,
+               "tokens": step * run.config.tokens_per_step, "tokens_per_sec": tokens_per_sec,
+               "n_params": run.state.model.num_params(), "diverged": diverged,
+               "wall_s": p.wall_s,
+               **{k: full.get(k) for k in ("final_val_loss_full", "final_val_bpb_full",
+                                           "full_eval_targets", "full_eval_split_targets")}}
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in summary.items()}

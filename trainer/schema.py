@@ -5,6 +5,8 @@ when built. Hydra needs mutable dataclasses to merge command-line overrides into
 dataclass makes OmegaConf's node read-only), so `hydra_schema` derives a mutable copy with the
 same field names, types and defaults: the field lists are written once, in the frozen classes,
 and a typo or a wrongly typed override (`model.n_head=abc`) fails when Hydra composes the config.
+The dataclass defaults are the configuration's defaults: a file in configs/<group>/ states only
+what its option changes.
 """
 
 import dataclasses
@@ -27,10 +29,10 @@ class OptimConfig:
 
     lr: float = 1e-3
     weight_decay: float = 0.1          # applied to matrices only (weights of Linear, Embedding)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])   # 0.99: few tokens a step
     eps: float = 1e-8
     warmup_steps: int = 100
-    min_lr: float = 1e-4               # the cosine ends here at trainer.max_steps
+    min_lr: float = 1e-4               # lr / 10 (Chinchilla, nanoGPT), reached at max_steps
     grad_clip: float = 1.0             # max global L2 norm; 0 turns clipping off
 
     def __post_init__(self):
@@ -53,25 +55,33 @@ class OptimConfig:
 class TrainerConfig:
     """How long, how big, on what, and what to write. Batch sizes are global (all processes)."""
 
-    max_steps: int = 2000
+    max_steps: int = 2000              # nanoGPT's CPU run: val ~1.88 after 2000 iterations
     batch_size: int = 12               # sequences per micro-step, summed over processes
     grad_accum: int = 1                # micro-steps per optimizer step
     eval_every: int = 250
     eval_iters: int = 20               # fixed validation batches per evaluation
-    log_every: int = 10                # train records, progress bar and NaN check
+    log_every: int = 10                # train records, progress bar and non-finite check
     ckpt_every: int = 500
+    # auto: bf16 on GPUs (fp16 if no bf16) and on CPUs with native bf16 (AMX / AVX512-BF16)
     precision: str = "auto"            # auto | fp32 | bf16 | fp16
-    compile: bool = False
-    device: str = "auto"               # auto | cpu | cuda | cuda:N | mps
-    threads: Any = "auto"              # CPU intra-op threads: auto | N | null (leave as is)
+    compile: bool = False              # torch.compile (checkpoints hold the plain weights)
+    device: str = "auto"               # auto (cuda, then mps, then cpu) | cpu | cuda:N | mps
+    # CPU intra-op threads. auto: OMP_NUM_THREADS if set, else the cores available to the
+    # process (shared by torchrun's processes on one machine), at most 8; printed at start.
+    # On a machine that other jobs keep busy set a number (1 there): OpenMP threads that
+    # compete for cores spin-wait on each other. null leaves torch's count as it is.
+    threads: Any = "auto"
     seed: int = 1337
-    resume: Optional[str] = None       # null | auto | path/to/checkpoint.pt
-    on_nan: str = "stop"               # stop | raise
+    resume: Optional[str] = None       # null | auto (this run dir's last.pt) | path/to/last.pt
+    on_nan: str = "stop"               # stop: end with diverged=true, exit 0 | raise: exit 3
     sample_prompts: list[str] = field(default_factory=lambda: ["\n", "ROMEO:"])
     sample_tokens: int = 200
     sample_temperature: float = 0.8
     sample_top_k: Optional[int] = 200
-    full_eval_tokens: Optional[int] = 4_000_000  # cap of the end-of-run whole-split score
+    # The end-of-run score of the whole validation split (summary.json's *_full fields): a
+    # split of more targets than this is scored on a fixed, evenly spread subset of this many;
+    # null scores every split whole.
+    full_eval_tokens: Optional[int] = 4_000_000
 
     def __post_init__(self):
         for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters",

@@ -11,14 +11,14 @@ from contextlib import nullcontext
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from data.batching import Batch
 from model.gpt import IGNORE_INDEX
-from trainer.build import Run
+from trainer.build import Compute, TrainState, all_reduce_sum
 
 
-def to_device(batch, device: torch.device):
+def to_device(batch: Batch, device: torch.device):
     """(idx, targets, valid_mask) on the device. On CUDA the copies go from pinned memory with
     non_blocking=True: a copy from pageable memory would synchronise with the GPU every step."""
     def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -30,58 +30,49 @@ def to_device(batch, device: torch.device):
     return move(batch.idx), move(batch.targets), move(batch.valid_mask)
 
 
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t
-
-
-def count_targets(batches, device: torch.device) -> torch.Tensor:
+def count_targets(batches, compute: Compute) -> torch.Tensor:
     """Real targets in `batches` of all processes: the divisor of a token-weighted loss."""
     if all(valid is None for _, _, valid in batches):   # concat: every target is real
-        return torch.tensor(float(world_size() * sum(t.numel() for _, t, _ in batches)),
-                            device=device)
+        return torch.tensor(float(compute.world * sum(t.numel() for _, t, _ in batches)),
+                            device=compute.device)
     local = sum((targets != IGNORE_INDEX).sum() for _, targets, _ in batches)
     return all_reduce_sum(local.float())
 
 
-def qk_grad_record(r: Run) -> dict:
-    """Gradient norms of the query and key projections, mean over layers and per layer."""
-    q, k = zip(*(block.attn.qk_grad_norms() for block in r.raw.blocks))
-    return {"q_grad_norm": sum(q) / len(q), "k_grad_norm": sum(k) / len(k),
-            "q_grad_norm_layers": list(q), "k_grad_norm_layers": list(k)}
-
-
-def train_step(r: Run, want_qk: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """One optimizer step over trainer.grad_accum micro-batches of `r.batcher`.
+def train_step(state: TrainState, compute: Compute, grad_accum: int, grad_clip: float,
+               want_qk: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """One optimizer step over `grad_accum` micro-batches of `state.batcher`.
 
     Returns device tensors (this process's share of the step's loss, whose sum over processes
-    is the loss; the gradient norm before clipping) and, if want_qk, the q/k projection
-    gradient norms (floats: a host sync). scripts/bench.py times this function.
+    is the loss; the gradient norm before clipping; clipping at `grad_clip`, 0 = off) and, if
+    want_qk, the q/k projection gradient norms (floats: a host sync).
     """
-    batches = [to_device(r.batcher.next(), r.device) for _ in range(r.tc.grad_accum)]
-    n_targets = count_targets(batches, r.device)
+    batches = [to_device(state.batcher.next(), compute.device) for _ in range(grad_accum)]
+    n_targets = count_targets(batches, compute)
     # DDP averages gradients over processes: scaling by the world size undoes that average.
-    scale = world_size() / n_targets
-    loss_sum = torch.zeros((), device=r.device)
+    scale = compute.world / n_targets
+    loss_sum = torch.zeros((), device=compute.device)
+    wrapped = state.wrapped
     for micro, (idx, targets, valid) in enumerate(batches):
         # DDP all-reduces gradients on the last micro-step only.
         last = micro == len(batches) - 1
-        with r.ddp.no_sync() if isinstance(r.ddp, DDP) and not last else nullcontext():
-            with r.ctx:
-                _, loss = r.ddp(idx, targets, valid, reduction="sum")
-            r.scaler.scale(loss * scale).backward()
+        with wrapped.no_sync() if isinstance(wrapped, DDP) and not last else nullcontext():
+            with compute.autocast:
+                _, loss = wrapped(idx, targets, valid, reduction="sum")
+            state.scaler.scale(loss * scale).backward()
         loss_sum += loss.detach().float()
-    r.scaler.unscale_(r.optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(r.raw.parameters(),
-                                               r.optim.grad_clip or math.inf)
-    qk = qk_grad_record(r) if want_qk else {}
-    r.scaler.step(r.optimizer)
-    r.scaler.update()
-    r.scheduler.step()
-    r.optimizer.zero_grad(set_to_none=True)
+    state.scaler.unscale_(state.optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip or math.inf)
+    qk = qk_grad_record(state.model) if want_qk else {}
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
     return loss_sum / n_targets, grad_norm, qk
+
+
+def qk_grad_record(model) -> dict:
+    """Gradient norms of the query and key projections, mean over layers and per layer."""
+    q, k = zip(*(block.attn.qk_grad_norms() for block in model.blocks))
+    return {"q_grad_norm": sum(q) / len(q), "k_grad_norm": sum(k) / len(k),
+            "q_grad_norm_layers": list(q), "k_grad_norm_layers": list(k)}
