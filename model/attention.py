@@ -192,15 +192,15 @@ class MultiHeadAttention(nn.Module):
         """
         _check_masks(x, valid_mask, attn_mask)
         q, k, v = self.split_heads(x)  # 1. (B, H, T, D) each
-        if self.attn_impl != "explicit" and self.scaling.softcap is None:
-            # 2-3 by one fused kernel; a plain causal mask needs no tensor (SDPA's is_causal)
-            plain_causal = causal and valid_mask is None and attn_mask is None
-            mask = None if plain_causal else build_mask(x.shape[1], x.device, causal,
-                                                        valid_mask, attn_mask)
-            y = self.sdpa(q, k, v, causal, mask)
+        fused = self.attn_impl != "explicit" and self.scaling.softcap is None
+        # 2. M; SDPA needs no tensor for a plain causal mask (its is_causal)
+        plain_causal = fused and causal and valid_mask is None and attn_mask is None
+        mask = None if plain_causal else build_mask(x.shape[1], x.device, causal, valid_mask,
+                                                    attn_mask)
+        if fused:
+            y = self.sdpa(q, k, v, causal, mask)  # 3. by one fused kernel
         else:
-            mask = build_mask(x.shape[1], x.device, causal, valid_mask, attn_mask)  # 2. M
-            y = self.explicit(q, k, v, mask)[0]  # 3. softmax(Q K^T * s + M) V
+            y = self.explicit(q, k, v, mask)[0]  # 3. softmax(Q K^T * s + M) V, step by step
         return self.merge_heads(y)  # 4. (B, H, T, D) -> (B, T, C)
 
     def explain(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
@@ -264,14 +264,12 @@ class MultiHeadAttention(nn.Module):
 def _check_masks(x: Tensor, valid_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> None:
     """Masks must be boolean (a 0/1 integer mask is too easily given with the wrong polarity)
     and of their documented shapes."""
-    for name, mask in (("valid_mask", valid_mask), ("attn_mask", attn_mask)):
+    for name, mask, shape_ok, shape in (
+            ("valid_mask", valid_mask, lambda m: m.shape == x.shape[:2], "(B, T)"),
+            ("attn_mask", attn_mask, lambda m: m.dim() == 4, "(B|1, 1|H, T, T)")):
         if mask is not None and mask.dtype != torch.bool:
             raise ValueError(f"{name} must be a bool tensor with True = may attend, got dtype "
                              f"{mask.dtype}; for a Hugging Face attention_mask use mask.bool(), "
                              "for nn.MultiheadAttention's key_padding_mask use ~mask.")
-    if valid_mask is not None and valid_mask.shape != x.shape[:2]:
-        raise ValueError(f"valid_mask must have shape (B, T) = {tuple(x.shape[:2])}, got "
-                         f"{tuple(valid_mask.shape)}.")
-    if attn_mask is not None and attn_mask.dim() != 4:
-        raise ValueError(f"attn_mask must have shape (B|1, 1|H, T, T), got "
-                         f"{tuple(attn_mask.shape)}.")
+        if mask is not None and not shape_ok(mask):
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(mask.shape)}.")
