@@ -1,8 +1,8 @@
-"""The model: attention.py (MultiHeadAttention and its score-scale variants, the file to read),
-fast_attention.py (its SDPA path and hardware-specific speed routes), diagnostics.py (attention
-statistics and q/k gradient norms), gpt.py (the decoder-only transformer), errors.py (UserError
-and ConfigError).
+"""The model, in reading order: attention.py (MultiHeadAttention, its score-scale variants and its
+one SDPA call), gpt.py (the decoder-only transformer), diagnostics.py (attention statistics and
+q/k gradient norms), errors.py (UserError, ConfigError, DataError and the value checks).
 
-Deliberately empty of imports, so that `from model.errors import UserError` (data/, train.py)
-does not import torch.
+attention.py imports diagnostics.py and errors.py; gpt.py imports attention.py and errors.py.
+This file imports nothing, so that `from model.errors import UserError` (data/, train.py) does
+not import torch.
 """

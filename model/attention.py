@@ -6,8 +6,8 @@
 d_model), `M` the additive mask: 0 where a key may be attended, -inf where not (build_mask).
 MultiHeadAttention.explicit computes the equation line by line and keeps the weights for plots
 and statistics; MultiHeadAttention.sdpa hands the same q, k, v, s and M to
-F.scaled_dot_product_attention, by way of model/fast_attention.py (speed routes for some
-hardware). Tests hold every route equal to the explicit path. docs/scaling.md explains why.
+F.scaled_dot_product_attention (one fused kernel); forward picks one of the two with a single
+`if`. Tests hold the two equal. docs/scaling.md explains the scales.
 
 Scale variants (ScalingConfig.name):
     sqrt_dk   s = 1/sqrt(d_head)                          Vaswani et al. 2017, sec. 3.2.1
@@ -39,16 +39,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from model import diagnostics, fast_attention
-from model.errors import ConfigError
+from model import diagnostics
+from model.errors import ConfigError, check_dropout, check_positive_int
 
 SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm")
 QK_NORMS = ("layernorm", "rmsnorm")
 ATTN_IMPLS = ("auto", "explicit", "sdpa")
 
 
-def _positive(value) -> bool:  # a positive finite number
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+def is_positive_number(value) -> bool:
+    """A positive finite int or float (a bool is not a number here)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,13 @@ class ScalingConfig:
             raise ConfigError(f"scaling.name={self.name!r} is not a known score scale; choose "
                               f"one of {', '.join(SCALINGS)} (e.g. scaling=sqrt_dk on the "
                               "command line).")
-        if not _positive(self.divisor):
+        if not is_positive_number(self.divisor):
             raise ConfigError(f"scaling.divisor={self.divisor!r} must be a positive finite number "
                               "(the fixed divisor of the `constant` scale, 8.0 by default).")
         if self.norm not in QK_NORMS:
             raise ConfigError(f"scaling.norm={self.norm!r} is not a known qk normalisation; "
                               f"set scaling.norm to one of {', '.join(QK_NORMS)}.")
-        if self.softcap is not None and not _positive(self.softcap):
+        if self.softcap is not None and not is_positive_number(self.softcap):
             raise ConfigError(f"scaling.softcap={self.softcap!r} must be null (no soft-cap) or "
                               "a positive finite number (Gemma 2 uses 50.0).")
 
@@ -128,20 +130,20 @@ def attention_weights(logits: Tensor, mask: Optional[Mask] = None) -> Tensor:
     return mask.zero_empty_rows(weights)
 
 
-class AttentionInfo(NamedTuple):
-    """What forward returns besides y when asked: weights (B, H, T, T) or None, and stats."""
+class Explained(NamedTuple):
+    """MultiHeadAttention.explain: the output and what the explicit path saw on the way."""
 
-    weights: Optional[Tensor]
-    stats: Optional[dict[str, Tensor]]
+    y: Tensor  # (B, T, C), as forward returns it
+    weights: Tensor  # (B, H, T, T) softmax weights, before dropout
+    stats: dict[str, Tensor]  # per-head statistics, each (H,) (model/diagnostics.py)
 
 
 class MultiHeadAttention(nn.Module):
     """softmax(Q K^T * s + M) V over n_head heads of width d_head, then an output projection.
 
-    attn_impl: "explicit" materialises logits and weights (readable, can return them and
-    statistics); "sdpa" calls F.scaled_dot_product_attention (fast); "auto" uses sdpa unless
-    weights or statistics are requested or a soft-cap is set (SDPA has no soft-cap). Asking
-    for weights or statistics always runs the explicit path, whatever attn_impl is.
+    attn_impl: "explicit" materialises logits and weights (readable); "sdpa" calls
+    F.scaled_dot_product_attention (fast); "auto" uses sdpa unless a soft-cap is set (SDPA has
+    no soft-cap). `explain` returns the weights and statistics, always by the explicit path.
     `dropout` is attention dropout, applied to the weights in every path while training.
     """
 
@@ -150,10 +152,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         check_attn_impl(attn_impl, scaling)
         for name, value in (("d_model", d_model), ("n_head", n_head), ("d_head", d_head)):
-            if not (isinstance(value, int) and value >= 1):
-                raise ConfigError(f"model.{name}={value!r} must be a positive integer.")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"model.dropout={dropout!r} must be in [0, 1).")
+            check_positive_int(f"model.{name}", value)
+        check_dropout("model.dropout", dropout)
         self.d_model, self.n_head, self.d_head = d_model, n_head, d_head
         self.scaling, self.dropout, self.attn_impl = scaling, dropout, attn_impl
         # one fused projection for q, k and v: rows [0, HD) are q, [HD, 2HD) k, [2HD, 3HD) v
@@ -183,32 +183,36 @@ class MultiHeadAttention(nn.Module):
         return self.log_scale.exp().view(self.n_head, 1, 1)  # learned: (H, 1, 1)
 
     def forward(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
-                attn_mask: Optional[Tensor] = None, return_weights: bool = False,
-                return_stats: bool = False):
-        """x (B, T, C) -> y (B, T, C), or (y, AttentionInfo) if weights or stats are requested.
+                attn_mask: Optional[Tensor] = None) -> Tensor:
+        """x (B, T, C) -> y (B, T, C).
 
         valid_mask: (B, T) bool, True = real token that may be attended (SDPA / Hugging Face
             polarity; nn.MultiheadAttention's key_padding_mask is its negation).
         attn_mask: (B|1, 1|H, T, T) bool, True = query may attend key (e.g. document masking).
         """
-        B, T, _ = x.shape
-        _check_mask("valid_mask", valid_mask, (B, T))
-        _check_mask("attn_mask", attn_mask, None)
-        fused = self.attn_impl != "explicit" and self.scaling.softcap is None
-        if fused and not (return_weights or return_stats):
-            # the same steps with self.sdpa in place of self.explicit, by the fastest route for
-            # the hardware (model/fast_attention.py): skip it on a first reading
-            return fast_attention.forward(self, x, causal, valid_mask, attn_mask)
+        _check_masks(x, valid_mask, attn_mask)
         q, k, v = self.split_heads(x)  # 1. (B, H, T, D) each
-        mask = build_mask(T, x.device, causal, valid_mask, attn_mask)  # 2. M
-        y, weights, logits = self.explicit(q, k, v, mask)  # 3. softmax(Q K^T * s + M) V
-        y = self.merge_heads(y)  # 4. (B, T, C)
-        if not (return_weights or return_stats):
-            return y
-        stats = None
-        if return_stats:  # per-head diagnostics (model/diagnostics.py)
-            stats = diagnostics.attention_stats(q, k, logits, weights, mask, valid_mask)
-        return y, AttentionInfo(weights if return_weights else None, stats)
+        fused = self.attn_impl != "explicit" and self.scaling.softcap is None
+        # 2. M; SDPA needs no tensor for a plain causal mask (its is_causal)
+        plain_causal = fused and causal and valid_mask is None and attn_mask is None
+        mask = None if plain_causal else build_mask(x.shape[1], x.device, causal, valid_mask,
+                                                    attn_mask)
+        if fused:
+            y = self.sdpa(q, k, v, causal, mask)  # 3. by one fused kernel
+        else:
+            y = self.explicit(q, k, v, mask)[0]  # 3. softmax(Q K^T * s + M) V, step by step
+        return self.merge_heads(y)  # 4. (B, H, T, D) -> (B, T, C)
+
+    def explain(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
+                attn_mask: Optional[Tensor] = None) -> Explained:
+        """forward by the explicit path, whatever attn_impl is, with its weights and per-head
+        statistics (model/diagnostics.py): for plots and the attention diagnostics."""
+        _check_masks(x, valid_mask, attn_mask)
+        q, k, v = self.split_heads(x)  # (B, H, T, D) each
+        mask = build_mask(x.shape[1], x.device, causal, valid_mask, attn_mask)
+        y, weights, logits = self.explicit(q, k, v, mask)
+        stats = diagnostics.attention_stats(q, k, logits, weights, mask, valid_mask)
+        return Explained(self.merge_heads(y), weights, stats)
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) -> q, k, v, each (B, H, T, D): one projection, then (qk_norm) the norms."""
@@ -257,15 +261,15 @@ class MultiHeadAttention(nn.Module):
         return diagnostics.qk_grad_norms(self.qkv, self.n_head * self.d_head)
 
 
-def _check_mask(name: str, mask: Optional[Tensor], shape: Optional[tuple[int, int]]) -> None:
-    """Masks must be boolean (a 0/1 integer mask is too easily given with the wrong polarity)."""
-    if mask is None:
-        return
-    if mask.dtype != torch.bool:
-        raise ValueError(f"{name} must be a bool tensor with True = may attend, got dtype "
-                         f"{mask.dtype}; for a Hugging Face attention_mask use mask.bool(), for "
-                         "nn.MultiheadAttention's key_padding_mask use ~mask.")
-    if shape is not None and tuple(mask.shape) != shape:
-        raise ValueError(f"{name} must have shape (B, T) = {shape}, got {tuple(mask.shape)}.")
-    if shape is None and mask.dim() != 4:
-        raise ValueError(f"{name} must have shape (B|1, 1|H, T, T), got {tuple(mask.shape)}.")
+def _check_masks(x: Tensor, valid_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> None:
+    """Masks must be boolean (a 0/1 integer mask is too easily given with the wrong polarity)
+    and of their documented shapes."""
+    for name, mask, shape_ok, shape in (
+            ("valid_mask", valid_mask, lambda m: m.shape == x.shape[:2], "(B, T)"),
+            ("attn_mask", attn_mask, lambda m: m.dim() == 4, "(B|1, 1|H, T, T)")):
+        if mask is not None and mask.dtype != torch.bool:
+            raise ValueError(f"{name} must be a bool tensor with True = may attend, got dtype "
+                             f"{mask.dtype}; for a Hugging Face attention_mask use mask.bool(), "
+                             "for nn.MultiheadAttention's key_padding_mask use ~mask.")
+        if mask is not None and not shape_ok(mask):
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(mask.shape)}.")

@@ -1,7 +1,7 @@
 """Diagnostics of attention: per-head statistics of one forward, and q/k gradient norms.
 
-MultiHeadAttention.forward(..., return_stats=True) returns the statistics; GPT.attention_stats
-collects them per layer. They are computed in float32 from detached tensors, so they keep no
+MultiHeadAttention.explain returns the statistics; GPT.attention_stats collects them per
+layer. They are computed in float32 from detached tensors, so they keep no
 autograd graph and do not depend on the caller's autocast dtype.
 
 Dimension letters: B batch, T time, H heads, D head width (d_head).

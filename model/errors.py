@@ -28,11 +28,11 @@ def invalid(key: str, value, fix: str, error: type = ConfigError) -> UserError:
 def check_positive_int(key: str, value) -> None:
     """ConfigError unless value is an int >= 1 (a bool is not a count)."""
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        raise invalid(key, value, "use a positive integer (1 or more).")
+        raise ConfigError(f"{key}={value!r} must be a positive integer; set {key} to 1 or more.")
 
 
 def check_dropout(key: str, value) -> None:
     """ConfigError unless value is a probability in [0, 1) (a bool is not a probability)."""
     if not (isinstance(value, (int, float)) and not isinstance(value, bool)
             and 0.0 <= value < 1.0):
-        raise invalid(key, value, "use a probability in [0, 1); 0.0 turns dropout off.")
+        raise ConfigError(f"{key}={value!r} must be in [0, 1); 0.0 turns dropout off.")

@@ -22,8 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.attention import MultiHeadAttention, ScalingConfig, check_attn_impl
-from model.errors import ConfigError
+from model.attention import MultiHeadAttention, ScalingConfig, check_attn_impl, is_positive_number
+from model.cpu_autocast import CPUAutocastAttention
+from model.errors import ConfigError, check_dropout, check_positive_int
 
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
 
@@ -37,6 +38,13 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was_training)
+
+
+def attention_class(attn_impl: str) -> type[MultiHeadAttention]:
+    """The attention the blocks build: `auto` takes the CPU autocast speed route
+    (model/cpu_autocast.py; the plain module wherever autocast is off), `explicit` and `sdpa`
+    the plain MultiHeadAttention of model/attention.py."""
+    return CPUAutocastAttention if attn_impl == "auto" else MultiHeadAttention
 
 
 class MLP(nn.Module):
@@ -58,23 +66,17 @@ class Block(nn.Module):
         super().__init__()
         C = config.d_model
         self.ln_1 = nn.LayerNorm(C, bias=config.bias)
-        self.attn = MultiHeadAttention(C, config.n_head, config.head_dim, config.scaling,
-                                       dropout=config.dropout, bias=config.bias,
-                                       attn_impl=config.attn_impl)
+        self.attn = attention_class(config.attn_impl)(
+            C, config.n_head, config.head_dim, config.scaling, dropout=config.dropout,
+            bias=config.bias, attn_impl=config.attn_impl)
         self.ln_2 = nn.LayerNorm(C, bias=config.bias)
         self.mlp = MLP(C, config.bias)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, valid_mask: Optional[Tensor] = None,
-                return_stats: bool = False):
-        """x (B, T, C) -> (B, T, C); with return_stats also this layer's attention stats."""
-        a = self.attn(self.ln_1(x), causal=True, valid_mask=valid_mask, return_stats=return_stats)
-        stats = None
-        if return_stats:
-            a, stats = a[0], a[1].stats
-        x = x + self.drop(a)
-        x = x + self.drop(self.mlp(self.ln_2(x)))
-        return (x, stats) if return_stats else x
+    def forward(self, x: Tensor, valid_mask: Optional[Tensor] = None) -> Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        x = x + self.drop(self.attn(self.ln_1(x), causal=True, valid_mask=valid_mask))
+        return x + self.drop(self.mlp(self.ln_2(x)))
 
 
 @dataclass(frozen=True)
@@ -99,32 +101,24 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                raise ConfigError(f"model.{name}={value!r} must be a positive integer; "
-                                  f"set model.{name} to 1 or more.")
-        if self.d_head is None and self.d_model % self.n_head != 0:
+            check_positive_int(f"model.{name}", getattr(self, name))
+        if self.d_head is not None:
+            check_positive_int("model.d_head", self.d_head)
+        elif self.d_model % self.n_head != 0:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
                 "set model.d_head explicitly or change model.n_head (or model.d_model)."
             )
-        if self.d_head is not None and not (isinstance(self.d_head, int) and self.d_head >= 1):
-            raise ConfigError(f"model.d_head={self.d_head!r} must be a positive integer, or "
-                              "null to use model.d_model // model.n_head.")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1); "
-                              "0.0 turns dropout off.")
+        check_dropout("model.dropout", self.dropout)
         if not isinstance(self.scaling, ScalingConfig):
             raise ConfigError(f"model.scaling must be a ScalingConfig, got "
                               f"{type(self.scaling).__name__}; build it with "
                               "ScalingConfig(**cfg) before GPTConfig.")
         check_attn_impl(self.attn_impl, self.scaling)
-        std = self.qk_init_std
-        if std is not None and not (isinstance(std, (int, float)) and not isinstance(std, bool)
-                                    and math.isfinite(std) and std > 0):
-            raise ConfigError(f"model.qk_init_std={std!r} must be null (GPT-2's 0.02, the "
-                              "default) or a positive finite number, e.g. 1/sqrt(model.d_model) "
-                              "for unit-variance q and k at initialisation.")
+        if self.qk_init_std is not None and not is_positive_number(self.qk_init_std):
+            raise ConfigError(f"model.qk_init_std={self.qk_init_std!r} must be null (GPT-2's "
+                              "0.02, the default) or a positive finite number, e.g. "
+                              "1/sqrt(model.d_model) for unit-variance q and k at initialisation.")
 
     @property
     def head_dim(self) -> int:
@@ -140,7 +134,7 @@ def positions(valid_mask: Optional[Tensor], T: int, device: torch.device) -> Ten
 
 
 class GPT(nn.Module):
-    """The language model. self.blocks[i].attn is a MultiHeadAttention."""
+    """The language model. self.blocks[i].attn is a MultiHeadAttention (attention_class)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -164,6 +158,12 @@ class GPT(nn.Module):
                 HD = config.n_head * config.head_dim
                 nn.init.normal_(block.attn.qkv.weight[:2 * HD], mean=0.0, std=config.qk_init_std)
 
+    @property
+    def attention_name(self) -> str:
+        """The attention module's class, for the run's start line (CPUAutocastAttention is the
+        float32-SDPA route of model/cpu_autocast.py)."""
+        return type(self.blocks[0].attn).__name__
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -173,14 +173,24 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def _hidden(self, idx: Tensor, valid_mask: Optional[Tensor]) -> Tensor:
-        """Embeddings: idx (B, T) -> x (B, T, C), checking the length against block_size."""
+    def trunk(self, idx: Tensor, valid_mask: Optional[Tensor] = None,
+              stats: Optional[list[dict[str, Tensor]]] = None) -> Tensor:
+        """Embeddings and blocks: idx (B, T) -> x (B, T, C), before the final LayerNorm.
+
+        With a list `stats`, appends each layer's attention statistics on that layer's input
+        (MultiHeadAttention.explain, an extra explicit pass: a diagnostic, not the training path).
+        """
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds model.block_size="
                              f"{self.config.block_size}; crop the input or raise block_size.")
         pos = positions(valid_mask, T, idx.device)  # (T,) or (B, T)
-        return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.blocks:
+            if stats is not None:
+                stats.append(block.attn.explain(block.ln_1(x), valid_mask=valid_mask).stats)
+            x = block(x, valid_mask)
+        return x
 
     def forward(self, idx: Tensor, targets: Optional[Tensor] = None,
                 valid_mask: Optional[Tensor] = None,
@@ -192,9 +202,7 @@ class GPT(nn.Module):
         reduction "mean" (over real targets) or "sum": the trainer sums token losses over
         micro-batches and processes and divides once by their count of real targets.
         """
-        x = self._hidden(idx, valid_mask)
-        for block in self.blocks:
-            x = block(x, valid_mask)
+        x = self.trunk(idx, valid_mask)
         logits = self.lm_head(self.ln_f(x))  # (B, T, C) @ (C, V) -> (B, T, V)
         loss = None
         if targets is not None:
@@ -206,17 +214,15 @@ class GPT(nn.Module):
     @torch.no_grad()
     def attention_stats(self, idx: Tensor, valid_mask: Optional[Tensor] = None
                         ) -> list[dict[str, Tensor]]:
-        """Per layer: {"entropy", "max_logit", "saturated"}, each (H,), via the explicit path.
+        """Per layer, the five statistics of model/diagnostics.py (entropy, max_logit,
+        saturated, raw_var, raw_max_logit), each (H,), from the explicit path.
 
         Always in eval mode (dropout off), so the numbers describe the model itself and no
         random stream is consumed; the module's training mode is restored afterwards.
         """
+        stats = []
         with eval_mode(self):
-            x = self._hidden(idx, valid_mask)
-            stats = []
-            for block in self.blocks:
-                x, layer_stats = block(x, valid_mask, return_stats=True)
-                stats.append(layer_stats)
+            self.trunk(idx, valid_mask, stats)
         return stats
 
     @torch.no_grad()
@@ -266,14 +272,9 @@ class GPT(nn.Module):
         probs = logits.softmax(dim=-1)  # (B, V)
         return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
-    def num_params(self, non_embedding: bool = False) -> int:
-        """Number of parameters (the tied token embedding counted once).
-
-        non_embedding=True leaves out the position embeddings; the token embedding stays in
-        because it is also the LM head's weight matrix (as in nanoGPT).
-        """
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if non_embedding else n
+    def num_params(self) -> int:
+        """Number of parameters (the tied token embedding counted once)."""
+        return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: Optional[int] = None) -> float:
         """Training FLOPs per token, PaLM appendix B style: 6 N + 12 L H D T.

@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from data.batching import Batcher  # noqa: E402
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig  # noqa: E402
-from trainer.build import autocast_dtype, build, precision_name  # noqa: E402
+from trainer.build import autocast_dtype, build, pick_device, precision_name  # noqa: E402
 from trainer.run_dir import cpu_name  # noqa: E402
 from trainer.schema import register_configs  # noqa: E402
 from trainer.step import to_device, train_step  # noqa: E402
@@ -498,12 +498,6 @@ def matmul_peaks(args, device: torch.device) -> list[dict]:
             for dtype in (torch.float32, torch.bfloat16)]
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
 def run(args: argparse.Namespace, device: torch.device, folder: Path) -> dict:
     if args.configs is None:
         args.configs = ["nanogpt_cpu", "10M"] + (["gpt2_small"] if device.type == "cuda" else [])
@@ -534,7 +528,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
+    device = pick_device(args.device)
     with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as folder:
         result = run(args, device, Path(folder))
     text = markdown(result)

@@ -1,6 +1,7 @@
-"""Tests for model/attention.py and model/fast_attention.py: every route agrees with the explicit
-path, the scales and worked examples are those of docs/scaling.md, the masks hold, fully masked
-rows follow the policy, and the statistics are right."""
+"""Tests for model/attention.py and model/cpu_autocast.py: the sdpa path and the CPU autocast
+route agree with the explicit path, the scales and worked examples are those of
+docs/scaling.md, the masks hold, fully masked rows follow the policy, and the statistics are
+right."""
 
 import math
 from decimal import Decimal
@@ -11,8 +12,9 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model import attention, fast_attention
+from model import attention
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig, attention_weights
+from model.cpu_autocast import CPUAutocastAttention
 from model.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -22,11 +24,11 @@ MASK_KINDS = ("none", "causal", "padding", "causal+padding", "fully_masked")
 
 
 def make_mha(name="sqrt_dk", d_model=12, n_head=3, d_head=4, attn_impl="explicit", seed=0,
-             dropout=0.0, **scaling):
+             dropout=0.0, cls=MultiHeadAttention, **scaling):
     """A module with random weights; learned temperatures and qk-norm gains are randomised too,
     so a path that ignored them would be caught."""
     torch.manual_seed(seed)
-    mha = MultiHeadAttention(d_model, n_head, d_head, ScalingConfig(name, **scaling),
+    mha = cls(d_model, n_head, d_head, ScalingConfig(name, **scaling),
                              dropout=dropout, attn_impl=attn_impl)
     with torch.no_grad():
         if name == "learned":
@@ -96,7 +98,7 @@ def test_masks_must_be_boolean():
         mha(torch.randn(1, 3, 12), valid_mask=torch.ones(1, 3, dtype=torch.long))
 
 
-# -------------------------------- explicit == sdpa, on every route of model/fast_attention.py
+# -------------------------------- explicit == sdpa, and the CPU autocast route
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1, 3), (2, 7, 3, 5, 11), (3, 13, 2, 8, 16)],
                          ids=["T1", "odd", "even"])
@@ -112,28 +114,6 @@ def test_explicit_equals_sdpa(name, kind, shape):
     assert (g_e - g_s).abs().max() <= ATOL
 
 
-@pytest.mark.parametrize("kind", MASK_KINDS)
-@pytest.mark.parametrize("name", SCALINGS)
-def test_sdpa_under_cpu_bf16_autocast_runs_in_float32(name, kind):
-    """Under CPU bf16 autocast the SDPA path computes attention in float32 (its bf16 backward is
-    several times slower on CPU, docs/benchmarks.md) and returns bf16 like the explicit path,
-    with the same values to bf16 precision and finite gradients."""
-    B, T, H, D, C = 2, 9, 3, 8, 24
-    mha = make_mha(name, d_model=C, n_head=H, d_head=D)
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(B, T, C, generator=gen)
-    kwargs = mask_kwargs(kind, B, T, gen)
-    y32 = mha(x, **kwargs)   # float32 reference, no autocast
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        outs = run_both(mha, x, kwargs)
-    for y, grad in outs:
-        assert y.dtype == torch.bfloat16
-        assert torch.isfinite(grad).all()
-        assert (y.float() - y32.detach()).abs().max() <= 0.05
-    (y_e, _), (y_s, _) = outs
-    assert (y_e.float() - y_s.float()).abs().max() <= 0.05
-
-
 def count_sdpa_calls(monkeypatch):
     """A list that grows by the query dtype at each F.scaled_dot_product_attention call."""
     calls, real = [], torch.nn.functional.scaled_dot_product_attention
@@ -145,93 +125,51 @@ def count_sdpa_calls(monkeypatch):
     return calls
 
 
-def grads_of(mha, x, y):
-    """Gradients of a fixed random projection of y with respect to x and every parameter."""
-    gen = torch.Generator().manual_seed(3)
-    (y.float() * torch.randn(y.shape, generator=gen)).sum().backward()
-    grads = [x.grad] + [p.grad for p in mha.parameters()]
-    out = [g.detach().clone() for g in grads]
-    mha.zero_grad(set_to_none=True)
-    x.grad = None
-    return out
-
-
-@pytest.mark.parametrize("T", [1, 9, fast_attention.CPU_BF16_MATMUL_MAX_T])
+@pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("name", SCALINGS)
-def test_cpu_bf16_causal_route_matches_float32(name, T, monkeypatch):
-    """Under CPU bf16 autocast a plain causal SDPA call up to CPU_BF16_MATMUL_MAX_T runs as bf16
-    matmuls, not SDPA: its output and every gradient (x, projections, learned temperatures,
-    qk-norm gains) match the float32 SDPA path to bf16 precision."""
-    B, H, D, C = 2, 3, 8, 24
-    mha = make_mha(name, d_model=C, n_head=H, d_head=D, attn_impl="sdpa")
-    x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(T)).requires_grad_()
+def test_cpu_autocast_attention_equals_explicit(name, kind, monkeypatch):
+    """The speed route of model/cpu_autocast.py: without autocast it is MultiHeadAttention
+    (explicit == sdpa to ATOL); under CPU bf16 autocast its one SDPA call computes in float32
+    and returns bf16 like the explicit path, with the same values to bf16 precision and finite
+    gradients."""
+    B, T, H, D, C = 2, 9, 3, 8, 24
+    mha = make_mha(name, d_model=C, n_head=H, d_head=D, cls=CPUAutocastAttention)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(B, T, C, generator=gen)
+    kwargs = mask_kwargs(kind, B, T, gen)
+    (y_e, g_e), (y_s, g_s) = run_both(mha, x, kwargs)
+    assert (y_e - y_s).abs().max() <= ATOL and (g_e - g_s).abs().max() <= ATOL
     calls = count_sdpa_calls(monkeypatch)
-    y32 = mha(x, causal=True)
-    g32 = grads_of(mha, x, y32)
-    assert calls == [torch.float32]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y16 = mha(x, causal=True)
-    g16 = grads_of(mha, x, y16)
-    assert calls == [torch.float32]  # no SDPA call under autocast
-    assert y16.dtype == torch.bfloat16
-    assert (y16.float() - y32.detach()).abs().max() <= 0.05 * y32.abs().max()
-    for a, b in zip(g16, g32):
-        # 1-D parameters (temperatures, qk-norm gains) are sums over every position, for
-        # qk_norm in LayerNorm's bf16 CPU backward: 4-9% off at T = 512 whichever attention
-        # kernel runs (measured; the float32 SDPA one too). A wrong scale or mask is O(1) off.
-        rtol = 0.15 if a.dim() == 1 else 0.03
-        assert torch.isfinite(a).all()
-        assert (a - b).norm() <= rtol * b.norm() + 1e-6  # + for the scale at T = 1: grad 0
+        outs = run_both(mha, x, kwargs)
+    assert calls == [torch.float32]  # the sdpa pass, in float32
+    for y, grad in outs:
+        assert y.dtype == torch.bfloat16
+        assert torch.isfinite(grad).all()
+        assert (y.float() - y_e).abs().max() <= 0.05
+    (y_e16, _), (y_s16, _) = outs
+    assert (y_e16.float() - y_s16.float()).abs().max() <= 0.05
 
 
-def test_cpu_bf16_causal_route_is_causal():
-    """Changing the last token changes only the last output row on the bf16 matmul route."""
-    mha = make_mha("sqrt_dk", d_model=24, n_head=3, d_head=8, attn_impl="sdpa")
-    x = torch.randn(2, 11, 24, generator=torch.Generator().manual_seed(0))
-    x2 = x.clone()
-    x2[:, -1] += 1.0
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y, y2 = mha(x, causal=True), mha(x2, causal=True)
-    assert torch.equal(y[:, :-1], y2[:, :-1])
-    assert not torch.equal(y[:, -1], y2[:, -1])
-
-
-@pytest.mark.parametrize("case", ["long", "padding", "not_causal", "float16"])
-def test_cpu_autocast_uses_float32_sdpa_outside_the_bf16_route(case, monkeypatch):
-    """Past CPU_BF16_MATMUL_MAX_T, with a padding mask, without the causal mask or under float16
-    autocast, the SDPA path calls SDPA in float32 once and returns the autocast dtype."""
-    T = fast_attention.CPU_BF16_MATMUL_MAX_T + 1 if case == "long" else 9
-    mha = make_mha("sqrt_dk", d_model=8, n_head=2, d_head=4, attn_impl="sdpa")
+@pytest.mark.parametrize("case", ["causal", "padding", "not_causal", "float16"])
+def test_cpu_autocast_attention_calls_float32_sdpa(case, monkeypatch):
+    """Causal or not, with a padding mask or under float16 autocast, the route calls SDPA in
+    float32 once and returns the autocast dtype; the plain module keeps the autocast dtype."""
+    T = 9
     x = torch.randn(1, T, 8, generator=torch.Generator().manual_seed(1))
     kwargs = {"causal": case != "not_causal"}
     if case == "padding":
         kwargs["valid_mask"] = torch.arange(T)[None, :] < 6
     dtype = torch.float16 if case == "float16" else torch.bfloat16
-    y32 = mha(x, **kwargs)
-    calls = count_sdpa_calls(monkeypatch)
-    with torch.autocast("cpu", dtype=dtype):
-        y = mha(x, **kwargs)
-    assert calls == [torch.float32]
-    assert y.dtype == dtype
-    assert (y.float() - y32).abs().max() <= 0.02
-
-
-def test_cpu_bf16_causal_route_applies_dropout_while_training():
-    """Attention dropout on the bf16 route: the same seed gives the same output, training
-    differs from evaluation, and evaluation equals a module without dropout."""
-    x = torch.randn(2, 16, 24, generator=torch.Generator().manual_seed(2))
-    mha = make_mha("sqrt_dk", d_model=24, n_head=3, d_head=8, attn_impl="sdpa", dropout=0.5)
-    plain = make_mha("sqrt_dk", d_model=24, n_head=3, d_head=8, attn_impl="sdpa")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        torch.manual_seed(5)
-        a = mha(x)
-        torch.manual_seed(5)
-        b = mha(x)
-        mha.eval()
-        evaluated, reference = mha(x), plain(x)
-    assert torch.equal(a, b)
-    assert not torch.equal(a, evaluated)
-    assert torch.equal(evaluated, reference)
+    for cls, sdpa_dtype in ((CPUAutocastAttention, torch.float32), (MultiHeadAttention, dtype)):
+        mha = make_mha("sqrt_dk", d_model=8, n_head=2, d_head=4, attn_impl="sdpa", cls=cls)
+        y32 = mha(x, **kwargs)
+        calls = count_sdpa_calls(monkeypatch)
+        with torch.autocast("cpu", dtype=dtype):
+            y = mha(x, **kwargs)
+        assert calls == [sdpa_dtype]
+        assert y.dtype == dtype
+        assert (y.float() - y32).abs().max() <= 0.02
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)
@@ -247,7 +185,7 @@ def test_explicit_equals_sdpa_property(name, kind, B, T, H, D, C, seed):
     assert (g_e - g_s).abs().max() <= ATOL
 
 
-def test_auto_uses_sdpa_unless_weights_stats_or_softcap(monkeypatch):
+def test_auto_uses_sdpa_unless_explained_or_softcap(monkeypatch):
     calls = []
     real_sdpa = attention.F.scaled_dot_product_attention
 
@@ -264,8 +202,7 @@ def test_auto_uses_sdpa_unless_weights_stats_or_softcap(monkeypatch):
     mha(x)
     mha(x, valid_mask=valid)
     assert calls == [(False, True, 0.5), (True, False, 0.5)]  # d_head 4: scale 1/2
-    mha(x, return_weights=True)
-    mha(x, return_stats=True)
+    mha.explain(x)
     make_mha(attn_impl="auto", softcap=5.0)(x)
     assert len(calls) == 2
     make_mha("learned", attn_impl="sdpa")(x)
@@ -298,7 +235,7 @@ def test_sqrt_dk_equals_torch_multihead_attention(mode):
         y = mha(x, causal=causal, valid_mask=valid)
         real = valid[:, :, None].expand_as(y)
         assert (y - y_ref)[real].abs().max() <= ATOL
-    _, info = mha(x, causal=causal, valid_mask=valid, return_weights=True)
+    info = mha.explain(x, causal=causal, valid_mask=valid)
     assert (info.weights - w_ref)[valid[:, None, :, None].expand_as(w_ref)].abs().max() <= ATOL
 
 
@@ -335,16 +272,15 @@ def test_logits_are_qk_times_the_variant_factor(name):
             q = nn.functional.layer_norm(q, (D_HEAD,), mha.q_norm.weight, eps=1e-5)
             k = nn.functional.layer_norm(k, (D_HEAD,), mha.k_norm.weight, eps=1e-5)
         logits = (q @ k.transpose(-2, -1)) * factor  # (B, H, T, T)
-        _, info = mha(x, causal=False, return_weights=True, return_stats=True)
+        info = mha.explain(x, causal=False)
     assert (info.weights - logits.softmax(-1)).abs().max() <= ATOL
     assert info.stats["max_logit"] == pytest.approx(logits.abs().amax(dim=(0, 2, 3)), rel=1e-5)
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_qk_norm_projects_q_k_v_like_the_fused_layer(bias):
-    """qk_norm projects with the row blocks of the fused qkv weight (contiguous q and k for
-    LayerNorm): the output and the weight gradient equal the fused product's, with or without
-    bias."""
+def test_qk_norm_sdpa_equals_the_fused_product_by_hand(bias):
+    """qk_norm by the sdpa path: the output and the weight gradient equal those of the fused qkv
+    product, normed per head and given to SDPA by hand, with or without bias."""
     B, T, C, H = 2, 7, 24, 3
     torch.manual_seed(0)
     mha = MultiHeadAttention(C, H, 8, ScalingConfig("qk_norm"), bias=bias, attn_impl="sdpa")
@@ -375,8 +311,8 @@ def test_qk_norm_rmsnorm_and_learned_gradients():
 def test_softcap_bounds_logits():
     mha = make_mha("none", softcap=2.0)
     x = 10.0 * torch.randn(2, 7, 12, generator=torch.Generator().manual_seed(0))
-    _, info = mha(x, return_stats=True)
-    uncapped = make_mha("none")(x, return_stats=True)[1].stats["max_logit"]
+    info = mha.explain(x)
+    uncapped = make_mha("none").explain(x).stats["max_logit"]
     assert (uncapped > 4.0).all()  # the cap matters here
     assert (info.stats["max_logit"] <= 2.0).all()
     expected = 2.0 * torch.tanh(uncapped / 2.0)
@@ -440,7 +376,7 @@ def test_softcap_weights_cap_after_the_scale_and_before_the_mask():
     raw, logits = logits_by_hand(mha, x)
     assert (raw / 4).abs().max() > 4 * 2.0  # the scaled logits reach well past the cap
     expected = logits.masked_fill(~allowed, float("-inf")).softmax(-1)  # (B, H, T, T)
-    _, info = mha(x, valid_mask=valid, return_weights=True)
+    info = mha.explain(x, valid_mask=valid)
     got, want = (w.transpose(0, 1)[:, valid] for w in (info.weights, expected))  # (H, rows, T)
     assert (got - want).abs().max() <= 1e-12
 
@@ -480,7 +416,7 @@ def test_qk_norm_rmsnorm_by_hand(impl):
     y = y @ mha.proj.weight.T + mha.proj.bias
     assert (mha(x) - y).abs().max() <= 1e-10
     if impl == "explicit":
-        _, info = mha(x, return_weights=True)
+        info = mha.explain(x)
         assert (info.weights - weights).abs().max() <= 1e-12
 
 
@@ -504,7 +440,7 @@ def worked_weights(scores, name, d_head, divisor=8.0):
         mha.qkv.weight[0, 0] = 1.0
         mha.qkv.weight[d_head, 1] = 1.0
     x = torch.tensor([[[1.0, s] for s in scores]], dtype=torch.float64)
-    _, info = mha.double()(x, causal=False, return_weights=True)
+    info = mha.double().explain(x, causal=False)
     return info.weights[0, 0, 0]
 
 
@@ -531,7 +467,7 @@ def test_science_example_vectors_give_scores_3_1_minus_1():
         mha.qkv.weight.copy_(torch.eye(3).repeat(3, 1))  # q = k = v = x
         mha.qkv.bias.zero_()
     x = torch.tensor([[[1.0, 1, 1], [1, 0, 0], [-1, 0, 0]]])
-    _, info = mha(x, causal=False, return_stats=True, return_weights=True)
+    info = mha.explain(x, causal=False)
     assert info.weights[0, 0, 0].tolist() == pytest.approx([0.86681, 0.11731, 0.01588], abs=1e-5)
 
 
@@ -624,7 +560,7 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(impl, dtype):
     assert x.grad.isfinite().all() and x.grad[0, 2:].abs().sum() > 0
     assert all(p.grad.isfinite().all() for p in mha.parameters())
     if impl == "explicit":
-        _, info = mha(x, causal=True, valid_mask=valid, return_weights=True)
+        info = mha.explain(x, causal=True, valid_mask=valid)
         assert torch.equal(info.weights[0, :, :2], torch.zeros_like(info.weights[0, :, :2]))
         assert torch.equal(info.weights[1], torch.zeros_like(info.weights[1]))
 
@@ -643,7 +579,7 @@ def test_fp16_prescaled_q_does_not_overflow(impl):
     y = mha(x)
     assert y.isfinite().all()
     if impl == "explicit":
-        _, info = mha(x, causal=False, return_weights=True, return_stats=True)
+        info = mha.explain(x, causal=False)
         assert torch.allclose(info.weights.float(), torch.full((1, 1, 3, 3), 1 / 3), atol=1e-3)
         assert info.stats["max_logit"].item() == 12800
 
@@ -666,7 +602,7 @@ def test_attention_dropout_in_both_paths(impl):
 
 def test_returned_weights_are_before_dropout():
     mha = make_mha(dropout=0.5).train()
-    _, info = mha(torch.randn(2, 5, 12), return_weights=True)
+    info = mha.explain(torch.randn(2, 5, 12))
     assert torch.allclose(info.weights.sum(-1), torch.ones(2, 3, 5))
 
 
@@ -678,13 +614,12 @@ def test_stats_on_uniform_causal_attention():
         mha.qkv.weight[:12].zero_()
         mha.qkv.bias[:12].zero_()
     valid = torch.tensor([[True] * T, [False, False, True, True, True]])
-    _, info = mha(torch.randn(2, T, 12), valid_mask=valid, return_stats=True)
+    info = mha.explain(torch.randn(2, T, 12), valid_mask=valid)
     # real rows: batch 0 has t + 1 keys at t = 0..4, batch 1 (left-padded) 1..3 keys
     entropies = [math.log(n) for n in (1, 2, 3, 4, 5, 1, 2, 3)]
     assert info.stats["entropy"] == pytest.approx([sum(entropies) / 8] * 3, rel=1e-6)
     assert info.stats["saturated"] == pytest.approx([2 / 8] * 3)  # the single-key rows
     assert info.stats["max_logit"].tolist() == [0.0, 0.0, 0.0]
-    assert info.weights is None
 
 
 def test_stats_match_returned_weights_with_padding():
@@ -693,7 +628,7 @@ def test_stats_match_returned_weights_with_padding():
     valid = torch.ones(3, 7, dtype=torch.bool)
     valid[1, :4] = False
     with torch.no_grad():
-        _, info = mha(x, valid_mask=valid, return_weights=True, return_stats=True)
+        info = mha.explain(x, valid_mask=valid)
     w = info.weights.permute(1, 0, 2, 3)[:, valid]  # (H, real rows, T)
     entropy = -(w * w.clamp_min(1e-30).log()).sum(-1).mean(-1)
     assert info.stats["entropy"] == pytest.approx(entropy, rel=1e-5)
@@ -721,7 +656,7 @@ def test_attention_dropout_drops_weights(impl):
         mha.proj.weight.copy_(torch.eye(T))
         mha.proj.bias.zero_()
     x = torch.eye(T, dtype=torch.float64).expand(B, T, T)
-    _, info = mha.eval()(x, return_weights=True)
+    info = mha.eval().explain(x)
     w = info.weights[:, 0]  # (B, T, T), no dropout in evaluation
     torch.manual_seed(3)
     dropped = mha.train()(x) @ rotation  # (B, T, T) = dropped weights
@@ -739,7 +674,7 @@ def test_max_logit_counts_real_query_rows_only():
     x, valid, allowed = causal_padded_input()
     x = x.float()
     x[~valid] *= 50.0  # padded queries get the largest logits
-    _, info = mha(x, valid_mask=valid, return_stats=True)
+    info = mha.explain(x, valid_mask=valid)
     with torch.no_grad():
         _, logits = logits_by_hand(mha, x)
     real = allowed & valid[:, None, :, None]  # (B, 1, T, T)
@@ -779,7 +714,7 @@ def test_stats_by_hand_whatever_attn_impl(name, softcap, impl):
     mha = make_mha(name, d_model=12, n_head=3, d_head=4, attn_impl=impl, softcap=softcap)
     x, valid, allowed = causal_padded_input(amplitude=4.0)
     x = x.float()
-    _, info = mha(x, valid_mask=valid, return_stats=True)
+    info = mha.explain(x, valid_mask=valid)
     expected = stats_by_hand(mha.double(), x.double(), valid, allowed)
     assert 0 < min(expected["saturated"]) and max(expected["saturated"]) < 1
     assert set(info.stats) == set(expected)
@@ -794,7 +729,7 @@ def test_raw_stats_do_not_depend_on_the_scale():
     x, valid, _ = causal_padded_input()
     stats = {}
     for name in ("none", "sqrt_dk", "dk"):
-        _, info = make_mha(name, d_head=4)(x.float(), valid_mask=valid, return_stats=True)
+        info = make_mha(name, d_head=4).explain(x.float(), valid_mask=valid)
         stats[name] = info.stats
     for name, s in (("sqrt_dk", 0.5), ("dk", 0.25)):
         for key in ("raw_var", "raw_max_logit"):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig
+from model.cpu_autocast import CPUAutocastAttention
 from model.errors import ConfigError, UserError
 from model.gpt import GPT, IGNORE_INDEX, GPTConfig
 
@@ -124,7 +125,6 @@ def test_num_params_and_flops_per_token():
                  + 4 * C * C + 4 * C + 4 * C * C + C)  # MLP
     total = V * C + T * C + L * per_layer + 2 * C  # tied head counted once; final LayerNorm
     assert model.num_params() == total
-    assert model.num_params(non_embedding=True) == total - T * C
     n_matmul = L * (3 * C * C + C * C + 8 * C * C) + V * C  # projections, MLP, LM head
     assert model.flops_per_token() == 6 * n_matmul + 12 * L * H * (C // H) * T
     assert model.flops_per_token(seq_len=5) == 6 * n_matmul + 12 * L * H * (C // H) * 5
@@ -219,8 +219,7 @@ def test_attention_stats_are_each_layers_own_on_its_input():
             assert set(layer) == {"entropy", "max_logit", "saturated", "raw_var",
                                   "raw_max_logit"}
             assert all(v.shape == (2,) and v.isfinite().all() for v in layer.values())
-            _, info = block.attn(block.ln_1(x), causal=True, valid_mask=valid,
-                                 return_stats=True)
+            info = block.attn.explain(block.ln_1(x), causal=True, valid_mask=valid)
             for key in info.stats:
                 assert torch.allclose(layer[key], info.stats[key], atol=1e-6), key
             x = block(x, valid)
@@ -325,3 +324,14 @@ def test_qk_grad_norms_of_model_layers():
     norms = [block.attn.qk_grad_norms() for block in model.blocks]
     assert all(isinstance(block.attn, MultiHeadAttention) for block in model.blocks)
     assert all(q > 0 and k > 0 for q, k in norms)
+
+
+def test_attn_impl_auto_builds_the_cpu_autocast_route():
+    """model.attn_impl=auto builds model/cpu_autocast.py's subclass (named for the start line);
+    explicit and sdpa build plain MultiHeadAttention."""
+    assert tiny().attention_name == "CPUAutocastAttention"
+    assert all(isinstance(b.attn, CPUAutocastAttention) for b in tiny().blocks)
+    for impl in ("explicit", "sdpa"):
+        model = tiny(attn_impl=impl)
+        assert model.attention_name == "MultiHeadAttention"
+        assert all(type(b.attn) is MultiHeadAttention for b in model.blocks)
