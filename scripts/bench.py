@@ -284,13 +284,15 @@ class StepCase:
             "trainer.eval_iters=1", "trainer.max_steps=100000", "trainer.sample_prompts=[]"]
         self.cfg, self.precision, self.compile, self.device = cfg, precision, compile_, device
         self.run = build(compose_config(overrides))
-        self.raw = self.run.raw
+        self.raw = self.run.state.model
         if self.run.data.vocab_size != cfg.vocab_size:
             raise RuntimeError(f"the bench corpus has {self.run.data.vocab_size} token ids, "
                                f"not the {cfg.vocab_size} the config asks for")
 
     def step(self) -> None:
-        train_step(self.run, want_qk=False)
+        config = self.run.config
+        train_step(self.run.state, self.run.compute, config.train_cfg.grad_accum,
+                   config.optim_cfg.grad_clip)
 
 
 def bench_steps(args, device: torch.device, folder: Path) -> tuple:

@@ -187,13 +187,13 @@ def pick_device(name: str) -> torch.device:
 
 def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
     """The autocast dtype for trainer.precision (None = plain float32). auto: bf16 on GPUs
-    (fp16 without bf16) and on CPUs with native bf16 matmuls (AMX tiles or AVX512-BF16; elsewhere
-    CPU bf16 is emulated and slow: docs/benchmarks.md), else float32."""
+    (fp16 without bf16) and on CPUs with AMX tiles, else float32. On a CPU with AVX512-BF16 but
+    no AMX the default step measured faster in float32 than in bf16, and without either CPU bf16
+    is emulated (docs/benchmarks.md)."""
     if precision == "auto":
         if device.type == "cuda":
             precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        elif device.type == "cpu" and (torch.cpu._is_amx_tile_supported()
-                                       or torch.cpu._is_avx512_bf16_supported()):
+        elif device.type == "cpu" and torch.cpu._is_amx_tile_supported():
             precision = "bf16"
         else:
             precision = "fp32"

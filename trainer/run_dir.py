@@ -183,7 +183,8 @@ def start_line(run: Run, resumed_from: Optional[Path]) -> str:
     data, compute, train_cfg = run.data, run.compute, run.config.train_cfg
     return (f"data {run.config.data_cfg.name}: "
             f"{len(data.train):,} train / {len(data.val):,} val tokens, vocab "
-            f"{data.vocab_size}; model {run.state.model.num_params() / 1e6:.2f}M parameters; "
+            f"{data.vocab_size}; model {run.state.model.num_params() / 1e6:.2f}M parameters, "
+            f"attention {run.state.model.attention_name}; "
             f"{compute.device} {compute.precision}, {torch.get_num_threads()} thread(s)"
             + (f" (trainer.threads=auto: {available_cores()} core(s) available, at most "
                f"{MAX_AUTO_THREADS})" if train_cfg.threads == "auto" else "")
