@@ -7,16 +7,11 @@
         train_docs.bin, val_docs.bin   int64 start offset of each document in its split
         meta.json                 counts, shard sizes, content sha256, settings (written last)
 
-A folder is built under a temporary name and renamed into place in one step (data/prepare.py),
-so a folder with the final name is complete unless something changed it afterwards, which
-loading detects (every file's size is checked against meta.json) and reports instead of
-rebuilding over it. An interrupted build leaves only a temporary folder, which the next build
-under the key's `file_lock` removes.
-
-`ShardWriter` appends ids to a split's shards as they are encoded; `ShardedTokens` opens the
-shards as read-only memmaps (every process of a DDP job maps the same files, the page cache
-holds them once) and behaves like one 1-D array for what the batcher and evaluation need:
-`len()`, `x[i]` and `x[a:b]` -> np.ndarray, across shard boundaries.
+A folder is built under a temporary name and renamed into place (data/prepare.py), so one with
+the final name is complete; a later change to it is found when it is loaded (every file's size
+is checked against meta.json) and reported, never rebuilt over. `ShardedTokens` maps the shards
+read-only (all processes of a DDP job share the page cache) as one 1-D array: `len()`, `x[i]`,
+`x[a:b]` -> np.ndarray, across shard boundaries.
 """
 
 import fcntl
@@ -153,13 +148,9 @@ class ShardedTokens:
         return self.shards[s][i - self.bounds[s]]
 
     def _range(self, start: int, stop: int) -> np.ndarray:
-        first = int(np.searchsorted(self.bounds, start, side="right")) - 1
-        parts = []
-        for s in range(max(first, 0), len(self.shards)):
-            lo, hi = self.bounds[s], self.bounds[s + 1]
-            if lo >= stop:
-                break
-            parts.append(self.shards[s][max(start, lo) - lo:min(stop, hi) - lo])
+        parts = [shard[max(start, lo) - lo:min(stop, hi) - lo]
+                 for shard, lo, hi in zip(self.shards, self.bounds, self.bounds[1:])
+                 if lo < stop and hi > start]
         if len(parts) == 1:
             return np.asarray(parts[0])
         return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
