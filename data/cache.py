@@ -84,12 +84,9 @@ class ShardWriter:
 
     def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int):
         self.folder, self.split, self.dtype = folder, split, np.dtype(dtype)
-        self.shard_tokens = shard_tokens
-        self.shard_sizes: list[int] = []
-        self.n_tokens = 0
-        self._file = None
-        self._docs = open(folder / f"{split}_docs.bin", "wb")
-        self.n_docs = 0
+        self.shard_tokens, self.shard_sizes = shard_tokens, []   # tokens in each shard so far
+        self.n_tokens = self.n_docs = 0
+        self._file, self._docs = None, open(folder / f"{split}_docs.bin", "wb")
 
     def write(self, ids: np.ndarray, doc_starts: np.ndarray) -> None:
         """`ids` continue the split; `doc_starts` are the documents starting in them (offsets
@@ -98,18 +95,15 @@ class ShardWriter:
         self.n_docs += len(doc_starts)
         ids = np.asarray(ids, dtype=self.dtype)
         while len(ids):
-            if self._file is None or self.shard_sizes[-1] == self.shard_tokens:
-                self._next_shard()
+            if self._file is None or self.shard_sizes[-1] == self.shard_tokens:   # next shard
+                self._close(self._file)
+                self._file = open(self.folder / shard_name(self.split, len(self.shard_sizes)), "wb")
+                self.shard_sizes.append(0)
             room = self.shard_tokens - self.shard_sizes[-1]
-            self._file.write(ids[:room].tobytes())
-            self.shard_sizes[-1] += len(ids[:room])
-            self.n_tokens += len(ids[:room])
-            ids = ids[room:]
-
-    def _next_shard(self) -> None:
-        self._close(self._file)
-        self._file = open(self.folder / shard_name(self.split, len(self.shard_sizes)), "wb")
-        self.shard_sizes.append(0)
+            part, ids = ids[:room], ids[room:]
+            self._file.write(part.tobytes())
+            self.shard_sizes[-1] += len(part)
+            self.n_tokens += len(part)
 
     def close(self) -> None:
         self._close(self._file)

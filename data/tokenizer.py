@@ -109,12 +109,11 @@ def code_points(text: str) -> np.ndarray:
 
 def encode(tok: Tokenizer, text: str) -> list[int]:
     """Encode text; for a char tokenizer, refuse characters outside its alphabet."""
-    ids = tok.encode(text, add_special_tokens=False).ids
-    # one id per character, except a special-token string, which is one id
-    n_chars = len(text) - sum(len(m[0]) - 1 for m in _SPECIAL.finditer(text))
-    if isinstance(tok.decoder, decoders.Fuse) and len(ids) != n_chars:
-        raise _unknown_chars(sorted({c for c in text if tok.token_to_id(c) is None}))
-    return ids
+    if isinstance(tok.decoder, decoders.Fuse):   # char (a special-token string is one id)
+        unknown = {c for c in _SPECIAL.sub("", text) if tok.token_to_id(c) is None}
+        if unknown:
+            raise _unknown_chars(sorted(unknown))
+    return tok.encode(text, add_special_tokens=False).ids
 
 
 def _unknown_chars(chars: list[str]) -> DataError:

@@ -55,10 +55,9 @@ def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_si
     count = torch.zeros((), dtype=torch.float64, device=device)
     with eval_mode(model):
         # Full windows go in batches; a short last window (at most one) goes alone.
-        full = [s for s in mine if s + block_size + 1 <= n]
-        short = [s for s in mine if s + block_size + 1 > n]
+        full = [s for s in mine if s + block_size + 1 <= n]   # a prefix: starts ascend
         groups = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
-        groups += [[s] for s in short]
+        groups += [[s] for s in mine[len(full):]]
         for group in groups:
             length = min(block_size, n - 1 - group[0])
             rows = np.stack([np.asarray(tokens[s:s + length + 1], dtype=np.int64)
