@@ -97,10 +97,9 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
 
 
 def cache_key(cfg: DataConfig, source) -> str:
-    settings = {"format": cache.FORMAT_VERSION, "source": cfg.source,
-                "identity": source.identity(), "document": cfg.document,
-                "tokenizer": cfg.tokenizer, "token_dtype": cfg.token_dtype,
-                "shard_tokens": cfg.shard_tokens,
+    settings = {"format": cache.FORMAT_VERSION, "identity": source.identity(),
+                **{k: getattr(cfg, k) for k in ("source", "document", "tokenizer", "token_dtype",
+                                                "shard_tokens")},
                 "vocab_size": cfg.vocab_size if cfg.tokenizer == "bpe" else None,
                 "bpe_sample_mb": cfg.bpe_sample_mb if cfg.tokenizer == "bpe" else None}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()

@@ -375,9 +375,8 @@ class HubSource:
                 "dataset page lists its commits under 'Files and versions').")
         self.splits = {"train": parse_split(cfg.train_split, "train_split"),
                        "val": parse_split(cfg.val_split, "val_split")}
-        self.info = {"hub_id": cfg.hub_id, "hub_config": cfg.hub_config,
-                     "hub_revision": cfg.hub_revision, "streaming": cfg.streaming,
-                     "train_split": cfg.train_split, "val_split": cfg.val_split}
+        self.info = {k: getattr(cfg, k) for k in ("hub_id", "hub_config", "hub_revision",
+                                                  "streaming", "train_split", "val_split")}
 
     def identity(self) -> dict:
         ident = dict(self.info, text_field=self.cfg.text_field)
@@ -415,12 +414,11 @@ class HubSource:
 
     def _split(self, split: str):
         name, lo, hi = self.splits[split]
-        field = f"data.{'train' if split == 'train' else 'val'}_split"
         ds = self._dict
         if name not in ds:
             raise DataError(f"Dataset {self.cfg.hub_id!r} has no split {name!r} (it has "
-                            f"{sorted(ds)}); set {field} to one of them, or to a row slice "
-                            "of one, e.g. train[:10000].")
+                            f"{sorted(ds)}); set data.{split}_split to one of them, or to a row "
+                            "slice of one, e.g. train[:10000].")
         ds = ds[name]
         columns = ds.column_names   # None for a stream whose features are not published
         if columns is not None and self.cfg.text_field not in columns:
