@@ -10,12 +10,11 @@ Dimension letters: B global batch, b per-rank batch (B // world_size), T block_s
   trained once per epoch), right-padded to T with pad_id; targets are IGNORE_INDEX at padding
   and valid_mask marks real tokens. Pieces are visited in a fresh random order every epoch.
 
-Determinism and resuming: batch number `step` is a pure function of (seed, step), drawn from
-`np.random.default_rng([seed, step])` (concat) or from the permutation of epoch
-`step * B // n_pieces` (pad). The sampler state is therefore just the step counter: restoring it
-gives exactly the batches the uninterrupted run would have drawn. Every rank draws the same
-global batch and keeps rows rank*b:(rank+1)*b, so the global batch does not depend on the
-number of processes.
+Batch number `step` is a pure function of (seed, step): drawn from
+`np.random.default_rng([seed, step])` (concat) or the permutation of epoch `step * B // n_pieces`
+(pad), so the sampler state is the step counter and a resumed run draws the batches of the
+uninterrupted one. Every rank draws the same global batch and keeps rows rank*b:(rank+1)*b, so
+the global batch does not depend on the number of processes.
 """
 
 from dataclasses import dataclass
@@ -41,7 +40,6 @@ class Batcher:
         _check(len(tokens), block_size, batch_size, packing, rank, world_size)
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.packing, self.pad_id, self.seed = packing, pad_id, seed
-        self.rank, self.world_size = rank, world_size
         b = batch_size // world_size
         self.rows = slice(rank * b, (rank + 1) * b)   # this rank's rows of the global batch
         self.pieces = doc_pieces(docs, len(tokens), block_size) if packing == "pad" else None
@@ -121,15 +119,12 @@ def doc_pieces(docs, n_tokens: int, block_size: int) -> np.ndarray:
     return np.stack([piece_start, length], axis=1)                     # (n_pieces, 2)
 
 
-def fixed_batches(tokens, docs, *, n_batches: int, block_size: int, batch_size: int,
-                  packing: str, pad_id: int, seed: int, rank: int = 0,
-                  world_size: int = 1) -> list[Batch]:
-    """The same `n_batches` validation batches at every evaluation (a fresh Batcher each call)."""
+def fixed_batches(tokens, docs, *, n_batches: int, **batcher_args) -> list[Batch]:
+    """The same `n_batches` validation batches at every evaluation: the first batches of a
+    fresh Batcher (`batcher_args` are its keyword arguments)."""
     if n_batches < 1:
         raise DataError(f"n_batches={n_batches} validation batches: use at least 1.")
-    batcher = Batcher(tokens, docs, block_size=block_size, batch_size=batch_size,
-                      packing=packing, pad_id=pad_id, seed=seed, rank=rank,
-                      world_size=world_size)
+    batcher = Batcher(tokens, docs, **batcher_args)
     return [batcher.next() for _ in range(n_batches)]
 
 

@@ -7,16 +7,11 @@
         train_docs.bin, val_docs.bin   int64 start offset of each document in its split
         meta.json                 counts, shard sizes, content sha256, settings (written last)
 
-A folder is built under a temporary name and renamed into place in one step (data/prepare.py),
-so a folder with the final name is complete unless something changed it afterwards, which
-loading detects (every file's size is checked against meta.json) and reports instead of
-rebuilding over it. An interrupted build leaves only a temporary folder, which the next build
-under the key's `file_lock` removes.
-
-`ShardWriter` appends ids to a split's shards as they are encoded; `ShardedTokens` opens the
-shards as read-only memmaps (every process of a DDP job maps the same files, the page cache
-holds them once) and behaves like one 1-D array for what the batcher and evaluation need:
-`len()`, `x[i]` and `x[a:b]` -> np.ndarray, across shard boundaries.
+A folder is built under a temporary name and renamed into place (data/prepare.py), so one with
+the final name is complete; a later change to it is found when it is loaded (every file's size
+is checked against meta.json) and reported, never rebuilt over. `ShardedTokens` maps the shards
+read-only (all processes of a DDP job share the page cache) as one 1-D array: `len()`, `x[i]`,
+`x[a:b]` -> np.ndarray, across shard boundaries.
 """
 
 import fcntl
@@ -89,12 +84,9 @@ class ShardWriter:
 
     def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int):
         self.folder, self.split, self.dtype = folder, split, np.dtype(dtype)
-        self.shard_tokens = shard_tokens
-        self.shard_sizes: list[int] = []
-        self.n_tokens = 0
-        self._file = None
-        self._docs = open(folder / f"{split}_docs.bin", "wb")
-        self.n_docs = 0
+        self.shard_tokens, self.shard_sizes = shard_tokens, []   # tokens in each shard so far
+        self.n_tokens = self.n_docs = 0
+        self._file, self._docs = None, open(folder / f"{split}_docs.bin", "wb")
 
     def write(self, ids: np.ndarray, doc_starts: np.ndarray) -> None:
         """`ids` continue the split; `doc_starts` are the documents starting in them (offsets
@@ -103,18 +95,15 @@ class ShardWriter:
         self.n_docs += len(doc_starts)
         ids = np.asarray(ids, dtype=self.dtype)
         while len(ids):
-            if self._file is None or self.shard_sizes[-1] == self.shard_tokens:
-                self._next_shard()
+            if self._file is None or self.shard_sizes[-1] == self.shard_tokens:   # next shard
+                self._close(self._file)
+                self._file = open(self.folder / shard_name(self.split, len(self.shard_sizes)), "wb")
+                self.shard_sizes.append(0)
             room = self.shard_tokens - self.shard_sizes[-1]
-            self._file.write(ids[:room].tobytes())
-            self.shard_sizes[-1] += len(ids[:room])
-            self.n_tokens += len(ids[:room])
-            ids = ids[room:]
-
-    def _next_shard(self) -> None:
-        self._close(self._file)
-        self._file = open(self.folder / shard_name(self.split, len(self.shard_sizes)), "wb")
-        self.shard_sizes.append(0)
+            part, ids = ids[:room], ids[room:]
+            self._file.write(part.tobytes())
+            self.shard_sizes[-1] += len(part)
+            self.n_tokens += len(part)
 
     def close(self) -> None:
         self._close(self._file)
@@ -153,13 +142,9 @@ class ShardedTokens:
         return self.shards[s][i - self.bounds[s]]
 
     def _range(self, start: int, stop: int) -> np.ndarray:
-        first = int(np.searchsorted(self.bounds, start, side="right")) - 1
-        parts = []
-        for s in range(max(first, 0), len(self.shards)):
-            lo, hi = self.bounds[s], self.bounds[s + 1]
-            if lo >= stop:
-                break
-            parts.append(self.shards[s][max(start, lo) - lo:min(stop, hi) - lo])
+        parts = [shard[max(start, lo) - lo:min(stop, hi) - lo]
+                 for shard, lo, hi in zip(self.shards, self.bounds, self.bounds[1:])
+                 if lo < stop and hi > start]
         if len(parts) == 1:
             return np.asarray(parts[0])
         return np.concatenate(parts) if parts else np.zeros(0, self.dtype)

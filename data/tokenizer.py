@@ -1,33 +1,16 @@
 """Documents to token ids: the char and byte-level BPE tokenizers, and the batch encoders.
 
-Both tokenizers are built with the `tokenizers` library and put the special tokens first, so
-every tokenizer here has pad = 0 and end-of-text = 1 (the model's `generate` pads with 0 by
-default). The `tokenizers` object is the reference: it is saved as tokenizer.json, encodes
-prompts and decodes samples.
+Both are `tokenizers` objects with pad = 0 and end-of-text = 1 (the model's `generate` pads with
+0), saved as tokenizer.json, the reference for prompts and samples. `char`: one id per character
+of both splits (an alphabet; a validation character outside it could not be encoded), written to
+the shards through `CharTable`, a lookup table with the same ids. `bpe`: byte-level BPE (GPT-2
+pre-tokenisation), `vocab_size` ids, trained on a sample of the training split (`bpe_sample`).
 
-- char: a BPE model with no merges over the set of characters in the corpus, so each character
-  is one id and decoding concatenates (the Fuse decoder): an exact round trip. The character set
-  comes from both splits: it is an alphabet, not a statistic learned from the training text, and
-  a validation character missing from it could not be encoded at all. Writing the token files
-  uses `CharTable`, a code point -> id lookup table that gives the same ids without any BPE
-  machinery (tests/test_data_tokenizer.py holds the two equal).
-- bpe: byte-level BPE (GPT-2 style pre-tokenisation, 256 byte symbols, no prefix space) trained
-  on a sample of the training split (`bpe_sample`), `vocab_size` ids in total including the two
-  special tokens. It encodes exact pieces of about `BPE_PIECE_CHARS` (below): the ids of the
-  whole text, and `tokenizers` encodes short inputs several times faster per byte.
-
-`char_encoder` and `bpe_encoder` turn a batch of texts into (flat ids, ids per text), the form
-data/prepare.py writes into the token shards.
-
-Documents as pieces (the second half of this file). Sources (data/sources.py) stream each split
-as `(text, ends)` pieces of documents. Pieces of one document are cut only at a *safe cut*:
-after a newline that follows a non-space character and precedes one (`x\\n|y`), else before a
-single space between two non-space characters (`x| y`). Byte-level BPE pre-tokenizes with
-GPT-2's pattern, whose tokens never span such a cut, so encoding the pieces one by one gives
-exactly the ids of encoding the whole document; normalisation never matches across one either.
-Only a stretch of `CUT_WINDOW` characters without a safe cut (no space between words: a
-minified file, a long URL) is cut elsewhere, between two non-space characters: exact for
-`char`, while for `bpe` it can split one pre-token in two.
+The second half cuts documents into pieces at *safe cuts* only: after a newline between two
+non-space characters (`x\\n|y`), else before a single space between two (`x| y`). GPT-2's
+pre-tokenizer never joins text across one, so the pieces encode to the ids of the whole
+document. A stretch of `CUT_WINDOW` characters without one is cut between two non-space
+characters: exact for `char`, for `bpe` it can split one pre-token (docs/data.md).
 """
 
 import array
@@ -126,15 +109,11 @@ def code_points(text: str) -> np.ndarray:
 
 def encode(tok: Tokenizer, text: str) -> list[int]:
     """Encode text; for a char tokenizer, refuse characters outside its alphabet."""
-    ids = tok.encode(text, add_special_tokens=False).ids
-    if isinstance(tok.decoder, decoders.Fuse) and len(ids) != len(text) - _special_saving(text):
-        raise _unknown_chars(sorted({c for c in text if tok.token_to_id(c) is None}))
-    return ids
-
-
-def _special_saving(text: str) -> int:
-    """Characters that special-token strings in `text` save (each becomes one id)."""
-    return sum(len(m.group(0)) - 1 for m in _SPECIAL.finditer(text))
+    if isinstance(tok.decoder, decoders.Fuse):   # char (a special-token string is one id)
+        unknown = {c for c in _SPECIAL.sub("", text) if tok.token_to_id(c) is None}
+        if unknown:
+            raise _unknown_chars(sorted(unknown))
+    return tok.encode(text, add_special_tokens=False).ids
 
 
 def _unknown_chars(chars: list[str]) -> DataError:
@@ -252,10 +231,7 @@ def exact_pieces(text: str, size: int) -> list[str]:
 
 def normalise(text: str) -> str:
     """Unix line endings, no trailing spaces, at most one blank line in a row, one final newline."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = re.sub(r"[ \t]+\n", "\n", text)
-    text = re.sub(r"\n{3,}", "\n\n", text)
-    return text.strip("\n") + "\n" if text.strip() else ""
+    return "".join(normalise_stream([text]))
 
 
 def normalise_stream(chunks: Iterable[str]) -> Iterator[str]:

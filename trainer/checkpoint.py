@@ -1,21 +1,11 @@
 """The checkpoint format, and reading a checkpoint without trusting it.
 
-A checkpoint holds tensors and plain containers only (dict, list, tuple, str, int, float,
-bool, None), so it is read with `torch.load(weights_only=True)`: opening a file someone hands
-you runs no code from it.
-
-    format, version     "attnscale-checkpoint", 1
-    model               state dict of the plain (uncompiled, unwrapped) GPT
-    model_config        GPTConfig as a dict, scaling nested
-    config              the run's resolved config: model, data, scaling, optim, trainer
-    pad_id              the tokenizer's padding id (for sampling)
-    step, best_val_loss, best_step, init_val_loss, final_val_loss, wall_s
-
-checkpoints/last.pt adds the whole training state; best.pt is weights and the fields above:
-
-    optimizer, scheduler, scaler, sampler    their state dicts
-    rng                 one entry per process (see `rng_state`)
-    world_size          the number of processes that wrote it
+A checkpoint holds tensors and plain containers only (dict, list, tuple, str, int, float, bool,
+None), so it is read with `torch.load(weights_only=True)`: opening a file someone hands you runs
+no code from it. Both files hold the format and version, the plain GPT's weights, its config, the
+run's resolved config, pad_id and the progress fields; checkpoints/last.pt adds the optimizer,
+scheduler, scaler and sampler states, one random-stream state per process (`rng_state`) and the
+number of processes. docs/training.md ("Checkpoint format") tables every field.
 """
 
 import random
@@ -76,11 +66,10 @@ def save(run: Run, path: Path, full: bool = True) -> None:
     """Write the run's checkpoint (rank 0). full=False: weights and progress only, for best.pt.
     Call on every rank: the random streams of all processes are gathered."""
     compute, state = run.compute, run.state
-    rngs = [None] * compute.world
+    mine = rng_state(compute.device)
+    rngs = [mine] * compute.world   # every process's own, once gathered
     if compute.world > 1:
-        dist.all_gather_object(rngs, rng_state(compute.device))
-    else:
-        rngs = [rng_state(compute.device)]
+        dist.all_gather_object(rngs, mine)
     if compute.rank != 0:
         return
     content = {"model": state.model.state_dict(), "model_config": asdict(run.config.model_cfg),

@@ -1,19 +1,13 @@
 """Whole-split evaluation: the loss of a model on every token of a split, once.
 
-The periodic evaluation during training scores a few fixed random windows (cheap, noisy). At
-the end of a run this module scores the split itself: it is cut into consecutive windows of
-`block_size` inputs, window i reading tokens[i*T : i*T + T] and predicting
-tokens[i*T + 1 : i*T + T + 1], so every token but the first is a target exactly once, with
-between 1 and `block_size` tokens of context (the window it sits in; windows do not overlap).
-The result is the sum of the per-token cross-entropies over the number of targets: a mean per
-token, not per window, and so exactly comparable between runs with different batch sizes.
-
-Splits longer than `max_tokens` targets are scored on a fixed, deterministic subset: windows
-spread evenly over the split (`numpy.linspace` over the window indices), the same windows for
-every run with the same split, block size and cap. The caller states the coverage it got.
-
-Under several processes each rank scores every world-th window and the sums and counts are
-all-reduced, so every rank returns the same number.
+The periodic evaluation scores a few fixed random windows (cheap, noisy); at the end of a run
+this module scores the split itself, cut into consecutive windows of `block_size` inputs: window
+i reads tokens[i*T : i*T + T] and predicts tokens[i*T + 1 : i*T + T + 1], so every token but the
+first is a target exactly once, with 1 to T tokens of context. The result is a mean per target
+token, not per window, so it compares exactly between runs with different batch sizes. A split
+of more than `max_tokens` targets is scored on windows spread evenly over it (`numpy.linspace`),
+the same for every run with the same split, block size and cap. Under several processes each
+rank scores every world-th window and the sums are all-reduced.
 """
 
 from contextlib import AbstractContextManager
@@ -61,10 +55,9 @@ def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_si
     count = torch.zeros((), dtype=torch.float64, device=device)
     with eval_mode(model):
         # Full windows go in batches; a short last window (at most one) goes alone.
-        full = [s for s in mine if s + block_size + 1 <= n]
-        short = [s for s in mine if s + block_size + 1 > n]
+        full = [s for s in mine if s + block_size + 1 <= n]   # a prefix: starts ascend
         groups = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
-        groups += [[s] for s in short]
+        groups += [[s] for s in mine[len(full):]]
         for group in groups:
             length = min(block_size, n - 1 - group[0])
             rows = np.stack([np.asarray(tokens[s:s + length + 1], dtype=np.int64)

@@ -1,12 +1,10 @@
 """Training configs (optim, trainer) and the typed Hydra schema of the whole config.
 
-The frozen dataclasses here, like GPTConfig, ScalingConfig and DataConfig, validate themselves
-when built. Hydra needs mutable dataclasses to merge command-line overrides into (a frozen
-dataclass makes OmegaConf's node read-only), so `hydra_schema` derives a mutable copy with the
-same field names, types and defaults: the field lists are written once, in the frozen classes,
-and a typo or a wrongly typed override (`model.n_head=abc`) fails when Hydra composes the config.
-The dataclass defaults are the configuration's defaults: a file in configs/<group>/ states only
-what its option changes.
+The frozen dataclasses (these, GPTConfig, ScalingConfig, DataConfig) validate themselves and
+hold the defaults; a file in configs/<group>/ states only what its option changes. Hydra needs
+mutable dataclasses to merge overrides into (a frozen one makes OmegaConf's node read-only), so
+`hydra_schema` derives a mutable copy with the same fields: a typo or a wrongly typed override
+(`model.n_head=abc`) fails when Hydra composes the config.
 """
 
 import dataclasses
@@ -17,7 +15,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-from model.errors import ConfigError, invalid
+from model.errors import ConfigError, check_positive_int, invalid
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 ON_NAN = ("stop", "raise")
@@ -86,19 +84,17 @@ class TrainerConfig:
     def __post_init__(self):
         for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters",
                     "log_every", "ckpt_every"):
-            if getattr(self, key) < 1:
-                raise invalid(f"trainer.{key}", getattr(self, key), "use a positive integer.")
+            check_positive_int(f"trainer.{key}", getattr(self, key))
         if self.precision not in PRECISIONS:
             raise invalid("trainer.precision", self.precision, f"choose {' | '.join(PRECISIONS)}.")
         if self.on_nan not in ON_NAN:
             raise invalid("trainer.on_nan", self.on_nan, f"choose {' | '.join(ON_NAN)}.")
         if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
             raise invalid("trainer.device", self.device, "choose auto, cpu, cuda, cuda:N or mps.")
-        if not (self.threads in ("auto", None) or (
-                isinstance(self.threads, int) and not isinstance(self.threads, bool)
-                and self.threads >= 1)):
+        if self.threads not in ("auto", None) and not (
+                type(self.threads) is int and self.threads >= 1):   # a bool is not a count
             raise invalid("trainer.threads", self.threads, "use auto, a number of threads >= 1, "
-                       "or null (leave PyTorch's count as it is).")
+                          "or null (leave PyTorch's count as it is).")
         if self.sample_tokens < 0 or self.sample_temperature < 0:
             raise invalid("trainer.sample_tokens/sample_temperature",
                        (self.sample_tokens, self.sample_temperature), "use values >= 0.")

@@ -21,12 +21,10 @@ from trainer.build import Compute, TrainState, all_reduce_sum
 def to_device(batch: Batch, device: torch.device):
     """(idx, targets, valid_mask) on the device. On CUDA the copies go from pinned memory with
     non_blocking=True: a copy from pageable memory would synchronise with the GPU every step."""
+    cuda = device.type == "cuda"
+
     def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        if t is None:
-            return None
-        if device.type == "cuda":
-            return t.pin_memory().to(device, non_blocking=True)
-        return t.to(device)
+        return None if t is None else (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
     return move(batch.idx), move(batch.targets), move(batch.valid_mask)
 
 
