@@ -23,7 +23,7 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
                         Var(q.k)/d_head vs step (one column per setting)
 - DIR/qk_grad_norms.png q and k projection gradient norms vs step
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
-                        the setting, and each scale's loss at its own best LR
+                        the setting, and each scale's loss at its chosen LR (held-out seeds)
 
 A line is the mean over a group's seeds; its band is the 95% Student-t interval of that mean,
 drawn only where n >= 2. In an LR sweep a scale's loss "at its own best LR" is read on seeds
@@ -189,7 +189,7 @@ def report(args, levels: Optional[dict]) -> int:
         print(f"plot_runs: {bad}", file=sys.stderr)
         return 2
     notes = []
-    curves, note = groups, ""
+    curves, note, held = groups, "", {}
     if lr_runs:
         held = st.held_out(lr_runs, args.loss, plan)
         curves = {key: h["runs"] for key, h in held.items() if h["runs"]}
@@ -205,7 +205,7 @@ def report(args, levels: Optional[dict]) -> int:
         plot_diagnostics(curves, args.out / "diagnostics.png", note)
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
     if lr_runs:
-        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png")
+        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held)
     text = markdown_report(read, runs, groups, skipped, notes, args.loss, args.baseline,
                            lr_runs, pairs, levels, plan)
     if args.from_csv is None:
