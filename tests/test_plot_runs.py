@@ -463,7 +463,8 @@ def read_csv(path: Path) -> list[dict]:
 
 def test_runs_csv_has_one_row_per_run_with_swept_keys_and_final_numbers(failing, tmp_path,
                                                                          capsys):
-    recall = make_run(failing, ["scaling=sqrt_dk", "trainer.seed=4"], [4.0, 3.0, 2.5], full=2.5)
+    recall = make_run(failing, ["scaling=sqrt_dk", "trainer.seed=4"], [4.0, 3.0, 2.5],
+                      full=2.123456789012345)
     summary = json.loads((recall / "summary.json").read_text())
     (recall / "summary.json").write_text(json.dumps({**summary, "final_val_accuracy": 0.875}))
     out = tmp_path / "out"
@@ -487,6 +488,8 @@ def test_runs_csv_has_one_row_per_run_with_swept_keys_and_final_numbers(failing,
     assert float(r["attn_raw_max_logit"]) == pytest.approx(3.5 * 10 ** N_LAYER)
     assert float(r["first_attn_raw_var"]) == pytest.approx(4.0 * 1.5)
     assert float(r["ref_unigram"]) == 3.3
+    # every digit: the CSV reads back to the same float
+    assert float(by[("sqrt_dk", "4")]["final_val_loss_full"]) == 2.123456789012345
 
 
 def tables_of(text: str) -> str:
@@ -527,8 +530,12 @@ def test_lr_chosen_on_some_seeds_and_reported_on_others(lr_sweep, tmp_path, caps
     assert row[2] == "0.1 (grid edge)" and row[4:6] == ["2.0600 (n=1)", "0.1 (grid edge)"]
     row = table_row(lr_part, "scaling=none, model.d_head=16")   # seeds 1, 2: 2.11 at 1e-2
     assert row[2] == "0.01" and row[4] == "2.0800 (n=1)"
-    assert report_in_process(lr_sweep, "--out", out, "--report-seeds", "3") == 0
-    assert "Best LR: chosen on seeds 1, 2; loss at it: seeds 3." in (out / "results.md").read_text()
+    # seed 3 alone prefers 1e-2 for qk_norm (2.04 vs 2.06), all seeds together 1e-1
+    assert report_in_process(lr_sweep, "--out", out, "--report-seeds", "1,2") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert "Best LR: chosen on seeds 3; loss at it: seeds 1, 2." in lr_part
+    row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")
+    assert row[2] == "0.01" and row[4] == f"{interval([2.10, 2.02])} (n=2)"
     capsys.readouterr()
     for bad, why in ((["--select-seeds", "1,2", "--report-seeds", "2,3"], "must not share"),
                      (["--select-seeds", "1,9"], "seed(s) 9 that no run has"),
