@@ -68,14 +68,13 @@ def diagnostics(record: dict) -> list[Optional[float]]:
 
 def row_of(run: Run, keys: list[str], which: str, levels: Optional[dict]) -> list[str]:
     settings = [run.variant if k == VARIANT_KEY else run.setting(k) for k in keys]
+    steps = run.summary_value("steps")
     final = [run.summary_value("final_val_loss_full"), run.final_val_loss_sampled,
              run.loss_at_init, st.failure(run, which, levels) is not None,
              run.summary_value("final_val_accuracy"), run.best_val_loss, run.diverged,
-             not run.partial, run.summary_value("steps"), run.tokens_per_sec]
+             not run.partial, None if steps is None else int(steps), run.tokens_per_sec]
     first, last = run.evals[0], run.evals[-1]
     evals = [first.get("step"), *diagnostics(first), last.get("step"), *diagnostics(last)]
-    if isinstance(final[8], float) and final[8].is_integer():
-        final[8] = int(final[8])
     refs = list((levels or {}).values())
     return [str(run.path), *("null" if v is None else v for v in settings),
             *map(number, [*final, *evals, *refs])]
@@ -137,6 +136,9 @@ def parse(text: str, column: str, line: int, path: Path):
 def read_runs_csv(path: Path) -> tuple[list[Run], Optional[dict]]:
     """The runs of a runs.csv and the reference levels it was judged against (None if absent).
     A file that is not such a CSV raises a UserError naming the file and what is wrong."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such file. Pass the runs.csv that scripts/plot_runs.py"
+                        " wrote beside a results.md.")
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     header = rows[0] if rows else []

@@ -83,10 +83,10 @@ def failed_rule(which: str, levels: Optional[dict]) -> str:
     """The sentence under a table that says what `failed` means and what the means are over."""
     field = st.LOSSES[which][0]
     if levels:
-        rule = (f"its `{field}` is above the unigram reference level"
+        rule = (f"`{field}` is above the unigram reference level"
                 f" ({levels['unigram']:.4f} nats/token) or above its own step-0 loss")
     else:
-        rule = (f"its `{field}` is above its own step-0 loss (no reference levels were given,"
+        rule = (f"`{field}` is above its own step-0 loss (no reference levels were given,"
                 " so the unigram rule is not applied)")
     return ("`failed`: runs whose loss is non-finite (diverged), or whose " + rule + "."
             " Means and intervals are over the runs that did not fail.")
