@@ -1,14 +1,21 @@
-"""Report on sweeps: the results tables (results.md) and figures of the run folders named.
+"""Report on sweeps: the results tables (results.md), runs.csv and figures of the runs named.
 
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
                                 [--baseline sqrt_dk] [--pair KEY=VALUE ...]
+                                [--select-seeds 1,2 | --report-seeds 3,4,5]
+                                [--select-from STAGE1/runs.csv]
+    python scripts/plot_runs.py --from-csv DIR/runs.csv --out DIR2 [same options]
 
 SWEEP_DIR is one preset run (multirun/<preset>/<time>/, one folder per job) or a single run
 folder. Only the folders named are read: name several to pool sweeps on purpose. Writes:
 
-- DIR/results.md        the tables of scripts/report/tables.py (also printed): final losses,
-                        paired differences against the baseline scale (and against KEY=VALUE
-                        of each --pair), attention statistics, the LR analysis of an LR sweep
+- DIR/results.md        the tables of scripts/report/tables.py (also printed): final losses
+                        with the failed runs counted and left out, paired differences against
+                        the baseline scale (and against KEY=VALUE of each --pair) as Holm
+                        families, attention statistics, the LR analysis of an LR sweep
+- DIR/runs.csv          one row per run: its folder, swept keys and final numbers
+                        (scripts/report/runs_csv.py); --from-csv rebuilds the tables and the
+                        LR figure from it alone
 - DIR/loss_curves.png   val loss vs step, one panel per setting (per scale when the sweep
                         varies only the scale)
 - DIR/loss_vs_baseline.png  the same, minus the baseline scale's loss at the same seed
@@ -16,11 +23,14 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
                         Var(q.k)/d_head vs step (one column per setting)
 - DIR/qk_grad_norms.png q and k projection gradient norms vs step
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
-                        the setting, and each scale's loss at its own best LR
+                        the setting, and each scale's loss at its chosen LR (held-out seeds)
 
 A line is the mean over a group's seeds; its band is the 95% Student-t interval of that mean,
-drawn only where n >= 2. In an LR sweep the curves show each scale at its own best LR.
-Reading and grouping live in scripts/report/runs.py, statistics in scripts/report/stats.py.
+drawn only where n >= 2. In an LR sweep a scale's loss "at its own best LR" is read on seeds
+that did not choose that LR: by default each seed at the LR best on the other seeds; with
+--select-seeds / --report-seeds a split of the seeds; with --select-from the LR chosen on an
+earlier stage's runs.csv. The curves show the runs so read. Reading and grouping live in
+scripts/report/runs.py, statistics in scripts/report/stats.py.
 """
 
 from __future__ import annotations
@@ -29,12 +39,14 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from model.errors import UserError  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
 from scripts.report.figures import (  # noqa: E402
     plot_diagnostics,
@@ -51,6 +63,7 @@ from scripts.report.runs import (  # noqa: E402
     value_order,
     varying_keys,
 )
+from scripts.report.runs_csv import read_runs_csv, write_runs_csv  # noqa: E402
 from scripts.report.tables import markdown_report  # noqa: E402
 
 
@@ -74,10 +87,63 @@ def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
     return pairs, ""
 
 
-def main(argv=None) -> int:
+def parse_seeds(text: Optional[str]) -> Optional[frozenset]:
+    return None if text is None else frozenset(canonical(s.strip()) for s in text.split(","))
+
+
+def make_plan(args, lr_runs: list, select_runs: Optional[list]) -> tuple[st.Plan, str]:
+    """The LR selection plan of the options, or why the options cannot be used."""
+    select, report = parse_seeds(args.select_seeds), parse_seeds(args.report_seeds)
+    if (select or report or select_runs is not None) and not lr_runs:
+        return st.Plan(), ("--select-seeds, --report-seeds and --select-from choose an LR; these"
+                           " runs do not vary optim.lr.")
+    have = {r.seed for r in lr_runs}
+    source = {r.seed for r in (lr_runs if select_runs is None else select_runs)}
+    for seeds, pool, name in ((select, source, "--select-seeds"), (report, have,
+                                                                   "--report-seeds")):
+        if seeds is not None and not seeds <= pool:
+            return st.Plan(), (f"{name} names seed(s) {', '.join(sorted(seeds - pool))} that"
+                               f" no run has; the runs have seeds {', '.join(sorted(pool))}.")
+    plan = st.Plan(select, report, select_runs, str(args.select_from or ""))
+    if select_runs is None and (select or report):
+        chosen = {s for s in have if plan.selects(s)}
+        read = {s for s in have if plan.reports(s)}
+        if chosen & read or not chosen or not read:
+            return st.Plan(), ("the seeds that choose the LR and the seeds it is reported on"
+                               " must both be non-empty and must not share a seed (here"
+                               f" {', '.join(sorted(chosen)) or 'none'} choose,"
+                               f" {', '.join(sorted(read)) or 'none'} report).")
+    return plan, ""
+
+
+def read_runs(args) -> tuple[list, list, str, Optional[dict], str]:
+    """(runs, skipped, what was read, reference levels of a runs.csv, why nothing was read)."""
+    if args.from_csv is not None:
+        if args.sweeps:
+            return [], [], "", None, "give sweep folders or --from-csv, not both."
+        runs, levels = read_runs_csv(args.from_csv)
+        return runs, [], f"Runs read from `{args.from_csv}` (one row per run).", levels, ""
+    missing = [str(p) for p in args.sweeps if not p.is_dir()]
+    if missing or not args.sweeps:
+        return [], [], "", None, (f"not a directory: {', '.join(missing) or 'none given'}. Pass"
+                                  " the multirun/<preset>/<time> folder of a sweep, a run"
+                                  " folder, or --from-csv runs.csv.")
+    runs, skipped = load_runs(args.sweeps)
+    for s in skipped:
+        print(f"skipped {s}", file=sys.stderr)
+    read = "Sweeps read: " + ", ".join(f"`{r}`" for r in args.sweeps)
+    return runs, skipped, read, None, ""
+
+
+def main(argv=None, levels: Optional[dict] = None) -> int:
+    """levels: the n-gram reference levels in nats per token ({"unigram": ..., "bigram": ...,
+    "trigram": ...}) that judge failed runs; None: a runs.csv's own, else none (only the
+    non-finite and step-0 rules then apply)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweeps", nargs="+", type=Path, help="sweep or run folders to read")
+    parser.add_argument("sweeps", nargs="*", type=Path, help="sweep or run folders to read")
     parser.add_argument("--out", type=Path, required=True, help="folder for figures and tables")
+    parser.add_argument("--from-csv", type=Path, metavar="RUNS_CSV",
+                        help="rebuild the tables and the LR figure from a runs.csv alone")
     parser.add_argument("--loss", choices=tuple(st.LOSSES), default="full",
                         help="final loss of the tables: full = final_val_loss_full (the whole"
                         " validation split, default), sampled = final_val_loss")
@@ -85,44 +151,67 @@ def main(argv=None) -> int:
     parser.add_argument("--pair", action="append", default=[], metavar="KEY=VALUE",
                         help="also pair every group with the same setting at KEY=VALUE, e.g."
                         " model.qk_init_std=null (repeatable)")
+    parser.add_argument("--select-seeds", metavar="S,S,...",
+                        help="LR sweep: choose each scale's best LR on these seeds only")
+    parser.add_argument("--report-seeds", metavar="S,S,...",
+                        help="LR sweep: report the loss at the chosen LR on these seeds only")
+    parser.add_argument("--select-from", type=Path, metavar="RUNS_CSV",
+                        help="choose each scale's LR on the runs of an earlier stage's runs.csv")
     args = parser.parse_args(argv)
-    missing = [str(p) for p in args.sweeps if not p.is_dir()]
-    if missing:
-        print(f"plot_runs: not a directory: {', '.join(missing)}. Pass the multirun/<preset>/"
-              "<time> folder of a sweep, or a run folder.", file=sys.stderr)
+    try:
+        return report(args, levels)
+    except UserError as e:
+        print(f"plot_runs: {e}", file=sys.stderr)
         return 2
-    runs, skipped = load_runs(args.sweeps)
-    notes = []
-    for s in skipped:
-        print(f"skipped {s}", file=sys.stderr)
+
+
+def report(args, levels: Optional[dict]) -> int:
+    runs, skipped, read, csv_levels, bad = read_runs(args)
+    if bad:
+        print(f"plot_runs: {bad}", file=sys.stderr)
+        return 2
+    levels = levels if levels is not None else csv_levels
     if not runs:
-        print("plot_runs: no run with eval records found under "
-              f"{', '.join(map(str, args.sweeps))}; point it at a sweep's folder of jobs.",
-              file=sys.stderr)
+        print("plot_runs: no run with eval records found in "
+              f"{', '.join(map(str, args.sweeps or [args.from_csv]))}; point it at a sweep's"
+              " folder of jobs.", file=sys.stderr)
         return 2
     groups = group_runs(runs)
     pairs, bad = parse_pairs(args.pair, groups)
     if bad:
         print(f"plot_runs: --pair {bad}", file=sys.stderr)
         return 2
-    lr_runs = [r for r in runs if math.isfinite(r.lr)] if LR_KEY in varying_keys(runs) else []
-    curves, note = groups, ""
+    select_runs = read_runs_csv(args.select_from)[0] if args.select_from else None
+    lr_swept = LR_KEY in varying_keys(runs) or select_runs is not None
+    lr_runs = [r for r in runs if math.isfinite(r.lr)] if lr_swept else []
+    plan, bad = make_plan(args, lr_runs, select_runs)
+    if bad:
+        print(f"plot_runs: {bad}", file=sys.stderr)
+        return 2
+    notes = []
+    curves, note, held = groups, "", {}
     if lr_runs:
-        curves, note = st.at_best_lr(lr_runs, args.loss), ", each scale at its own best LR"
+        held = st.held_out(lr_runs, args.loss, plan)
+        curves = {key: h["runs"] for key, h in held.items() if h["runs"]}
+        note = ", each scale at its chosen LR, held-out seeds"
         if not curves:
-            notes.append(f"no best LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
+            notes.append(f"no chosen LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
     args.out.mkdir(parents=True, exist_ok=True)
-    if curves:
+    if args.from_csv is not None:
+        notes.append("step-curve figures need the run folders' records: not drawn from a CSV")
+    elif curves:
         plot_losses(curves, args.out / "loss_curves.png", note)
         plot_vs_baseline(curves, args.baseline, args.out / "loss_vs_baseline.png", note)
         plot_diagnostics(curves, args.out / "diagnostics.png", note)
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
     if lr_runs:
-        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png")
-    report = markdown_report(args.sweeps, runs, groups, skipped, notes, args.loss,
-                             args.baseline, lr_runs, pairs)
-    (args.out / "results.md").write_text(report)
-    print(report)
+        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held)
+    text = markdown_report(read, runs, groups, skipped, notes, args.loss, args.baseline,
+                           lr_runs, pairs, levels, plan)
+    if args.from_csv is None:
+        write_runs_csv(runs, args.out / "runs.csv", args.loss, levels)
+    (args.out / "results.md").write_text(text)
+    print(text)
     return 0
 
 

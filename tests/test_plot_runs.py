@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.stats import ttest_rel
 
 from scripts.report import figures
 from scripts.report import stats as st
@@ -151,19 +152,29 @@ def test_results_table_gives_intervals_n_and_says_when_the_whole_split_loss_is_m
     assert not (out / "lr_transfer.png").exists()   # no LR axis in this sweep
 
 
-def test_paired_table_claims_an_order_only_when_the_interval_excludes_zero(ablation, tmp_path):
+def test_paired_table_claims_an_order_only_when_the_holm_p_is_below_005(ablation, tmp_path):
     out = tmp_path / "out"
     assert run_script(ablation, "--out", out).returncode == 0
     paired = (out / "results.md").read_text().split("## Paired differences")[1]
     paired = paired.split("## Attention")[0]
     none = table_row(paired, "all", "none")
-    diffs = [FULL[("none", s)] - FULL[("sqrt_dk", s)] for s in (1, 2, 3)]
-    assert none[2:] == ["3", interval(diffs), "lower than sqrt_dk"]
+    base = [FULL[("sqrt_dk", s)] for s in (1, 2, 3)]
+    mine = [FULL[("none", s)] for s in (1, 2, 3)]
+    p_none = ttest_rel(mine, base).pvalue
+    assert none[2:4] == ["3", interval(np.subtract(mine, base))]
     dk = table_row(paired, "all", "dk")
+    p_dk = ttest_rel([FULL[("dk", s)] for s in (1, 2, 3)], base).pvalue
     assert dk[3] == interval([FULL[("dk", s)] - FULL[("sqrt_dk", s)] for s in (1, 2, 3)])
-    assert dk[4] == "not resolved (interval contains 0)"
+    # family: none and dk tested (m = 2); learned (one pair) and qk_norm (none) untested
+    assert (none[4], dk[4]) == (f"{p_none:.3g}", f"{p_dk:.3g}")
+    assert p_none < p_dk and none[5] == f"{2 * p_none:.3g}"   # Holm: the smaller p times 2,
+    assert dk[5] == f"{max(p_dk, 2 * p_none):.3g}"             # the larger times 1, kept monotone
+    assert none[6] == "lower than sqrt_dk" and dk[6] == "not resolved (Holm p >= 0.05)"
     learned = table_row(paired, "all", "learned")   # seed 1 only has a whole-split loss
-    assert learned[2] == "1" and learned[4] == "not resolved (n=1)"
+    assert learned[2] == "1" and learned[4:] == ["n/a", "n/a", "not resolved (n=1)"]
+    qk = table_row(paired, "all", "qk_norm")   # still running: no whole-split loss
+    assert qk[2] == "0" and qk[6] == "not resolved (no pairs)"
+    assert "Family: 2 paired t-tests, Holm-adjusted together; 2 more without two pairs" in paired
 
 
 def test_diagnostics_tables_give_scaled_and_raw_statistics(ablation, tmp_path):
@@ -257,28 +268,30 @@ def test_lr_section_best_lr_sensitivity_and_pairs(lr_sweep, tmp_path):
         sens[scaling] = per_seed.mean(axis=0) - per_seed.min(axis=0)
     row = table_row(lr_part, "scaling=sqrt_dk, model.d_head=16")
     assert row[1:4] == ["3", "0.01", "none"]
-    assert row[4] == f"{interval(clipped('sqrt_dk', 1e-2))} (n=3)"
+    # 1e-2 is best on every pair of seeds, so each held-out seed is read there
+    assert row[4:6] == [f"{interval(clipped('sqrt_dk', 1e-2))} (n=3)", "0.01"]
     grid_mean = np.array([clipped("sqrt_dk", lr) for lr in LRS]).mean(axis=0)
-    assert row[5] == f"{interval(grid_mean)} (n=3)"
-    assert row[6] == f"{interval(sens['sqrt_dk'])} (n=3)"
+    assert row[6] == f"{interval(grid_mean)} (n=3)"
+    assert row[7] == f"{interval(sens['sqrt_dk'])} (n=3)"
     row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")
-    assert row[2:4] == ["0.1", "0.01"] and row[7] == "0"
-    row = table_row(lr_part, "scaling=none, model.d_head=16")
-    assert row[2] == "0.01" and row[7] == "1"
+    assert row[2:4] == ["0.1 (grid edge)", "0.01"] and row[8] == "0"
+    row = table_row(lr_part, "scaling=none, model.d_head=16")   # seed 1 diverged, seed 2
+    assert row[2] == "0.01" and row[8] == "2"                   # ended above its init loss
     sens_pairs = lr_part.split("LR sensitivity, paired")[1].split("Mean clipped")[0]
     pair = table_row(sens_pairs, "model.d_head=16", "none")
     assert pair[3] == interval(sens["none"] - sens["sqrt_dk"])
     grid = lr_part.split("Mean clipped")[1]
     assert table_row(grid, "scaling=none, model.d_head=16")[3] == (
-        f"{interval(clipped('none', 1e-1))} (1 div)")
+        f"{interval(clipped('none', 1e-1))} (2 failed)")
 
 
-def test_lr_figures_show_each_scale_at_its_best_lr(lr_sweep):
+def test_lr_curves_show_each_scale_at_its_chosen_lr_on_the_held_out_seeds(lr_sweep):
+    """Seeds 1, 2 choose: qk_norm's means there are 2.06 at 1e-2 and 2.025 at 1e-1."""
     runs, _ = load_runs([lr_sweep])
-    best = st.at_best_lr(runs, "full")
-    lrs = {key[0][1] + str(key[1:]): {r.lr for r in g} for key, g in best.items()}
-    assert lrs["qk_norm" + str((("model.d_head", "16"),))] == {0.1}
-    assert all(len(g) == 3 and len(v) == 1 for g, v in zip(best.values(), lrs.values()))
+    held = st.held_out(runs, "full", st.Plan(select_seeds=frozenset({"1", "2"})))
+    qk = held[(("scaling", "qk_norm"), ("model.d_head", "16"))]
+    assert [(r.seed, r.lr) for r in qk["runs"]] == [("3", 0.1)]
+    assert all([r.seed for r in h["runs"]] == ["3"] for h in held.values())
 
 
 def test_seeds_note_states_n_truthfully():
@@ -380,9 +393,178 @@ def test_pair_against_a_setting_of_another_key(tmp_path):
     part = (out / "results.md").read_text().split("against `model.qk_init_std=default`")[1]
     row = table_row(part, "model.qk_init_std=0.0884", "none")
     diffs = [loss[("0.0884", s)] - loss[("null", s)] for s in (1, 2, 3)]
-    assert row[2:] == ["3", interval(diffs), "higher than model.qk_init_std=default"]
+    p = ttest_rel([loss[("0.0884", s)] for s in (1, 2, 3)],
+                  [loss[("null", s)] for s in (1, 2, 3)]).pvalue
+    assert row[2:] == ["3", interval(diffs), f"{p:.3g}", f"{p:.3g}",   # a family of one
+                       "higher than model.qk_init_std=default"]
     for bad, why in (("model.qk_init_std=0.5", "takes the values null, 0.0884"),
                      ("optim.lr=1e-3", "a KEY these runs vary (model.qk_init_std)"),
                      ("model.qk_init_std", "give KEY=VALUE")):
         proc = run_script(sweep, "--out", out, "--pair", bad)
         assert proc.returncode == 2 and why in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Failed runs, runs.csv and --from-csv, the held-out choice of an LR
+# ---------------------------------------------------------------------------------------------
+
+LEVELS = {"unigram": 3.3, "bigram": 2.5, "trigram": 2.1}
+
+
+def report_in_process(*args, levels=None) -> int:
+    """plot_runs.main in this process, for reference levels (which the command line takes
+    from the corpus, not from an option)."""
+    from scripts.plot_runs import main
+    return main([str(a) for a in args], levels=levels)
+
+
+@pytest.fixture
+def failing(tmp_path):
+    """sqrt_dk and none, seeds 1-3. none's seed 3 ends at 3.5: below its step-0 loss (4.0),
+    above the unigram level (3.3). none's seed 2 ends at 4.2, above its step-0 loss."""
+    sweep = tmp_path / "sweep"
+    full = {("sqrt_dk", 1): 2.0, ("sqrt_dk", 2): 2.1, ("sqrt_dk", 3): 2.05,
+            ("none", 1): 1.9, ("none", 2): 4.2, ("none", 3): 3.5}
+    for (scaling, seed), loss in full.items():
+        make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"], [4.0, 3.0, loss],
+                 full=loss)
+    return sweep
+
+
+def test_failed_runs_are_counted_and_left_out_of_means_and_pairs(failing, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert report_in_process(failing, "--out", out, levels=LEVELS) == 0
+    text = (out / "results.md").read_text()
+    row = table_row(text, "scaling=none")
+    assert row[1:3] == ["3", "1.9000 (n=1)"] and row[5] == "2"   # row[5]: failed
+    assert "above the unigram reference level (3.3000 nats/token)" in text
+    failed = text.split("## Failed runs")[1].split("##")[0]
+    assert "scaling=none,trainer.seed=2: final loss 4.2000 above the unigram level" in failed
+    assert "scaling=none,trainer.seed=3: final loss 3.5000 above the unigram level" in failed
+    pair = table_row(text.split("## Paired")[1], "all", "none")
+    assert pair[2:4] == ["1", "-0.1000 (n=1)"]   # only seed 1: neither run failed
+    # without reference levels only the step-0 rule catches seed 2; seed 3 counts
+    capsys.readouterr()
+    assert report_in_process(failing, "--out", out) == 0
+    text = (out / "results.md").read_text()
+    row = table_row(text, "scaling=none")
+    assert row[2] == f"{interval([1.9, 3.5])} (n=2)" and row[5] == "1"
+    assert "no reference levels were given, so the unigram rule is not applied" in text
+    failed = text.split("## Failed runs")[1].split("##")[0]
+    assert "seed=2: final loss 4.2000 above its step-0 loss 4.0000" in failed
+    assert "seed=3" not in failed
+
+
+def read_csv(path: Path) -> list[dict]:
+    import csv
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_runs_csv_has_one_row_per_run_with_swept_keys_and_final_numbers(failing, tmp_path,
+                                                                         capsys):
+    recall = make_run(failing, ["scaling=sqrt_dk", "trainer.seed=4"], [4.0, 3.0, 2.5],
+                      full=2.123456789012345)
+    summary = json.loads((recall / "summary.json").read_text())
+    (recall / "summary.json").write_text(json.dumps({**summary, "final_val_accuracy": 0.875}))
+    out = tmp_path / "out"
+    assert report_in_process(failing, "--out", out, levels=LEVELS) == 0
+    rows = read_csv(out / "runs.csv")
+    assert len(rows) == 7
+    columns = list(rows[0])
+    assert columns[:3] == ["run", "scaling", "trainer.seed"]
+    assert columns[3] == "final_val_loss_full" and columns[-3:] == [
+        "ref_unigram", "ref_bigram", "ref_trigram"]
+    by = {(r["scaling"], r["trainer.seed"]): r for r in rows}
+    r = by[("none", "3")]
+    assert r["run"] == str(failing / "scaling=none,trainer.seed=3")
+    assert (float(r["final_val_loss_full"]), float(r["final_val_loss"])) == (3.5, 3.5)
+    assert float(r["init_val_loss"]) == 4.0 and r["failed"] == "true"
+    assert r["final_val_accuracy"] == "" and by[("sqrt_dk", "4")]["final_val_accuracy"] == "0.875"
+    assert by[("sqrt_dk", "1")]["failed"] == "false" and r["finished"] == "true"
+    # the last eval's attention means, combined over layers as the tables combine them
+    assert (r["last_eval_step"], r["first_eval_step"]) == ("20", "0")
+    assert float(r["attn_entropy"]) == pytest.approx(1.05)
+    assert float(r["attn_raw_max_logit"]) == pytest.approx(3.5 * 10 ** N_LAYER)
+    assert float(r["first_attn_raw_var"]) == pytest.approx(4.0 * 1.5)
+    assert float(r["ref_unigram"]) == 3.3
+    # every digit: the CSV reads back to the same float
+    assert float(by[("sqrt_dk", "4")]["final_val_loss_full"]) == 2.123456789012345
+
+
+def tables_of(text: str) -> str:
+    """results.md without the line naming what was read and the sections about the inputs
+    (skipped folders, notes): the tables and the sentences under them."""
+    lines = text.split("## Skipped")[0].splitlines()
+    assert lines[2].startswith(("Sweeps read", "Runs read"))
+    return "\n".join(lines[:2] + lines[3:])
+
+
+def test_from_csv_rebuilds_the_same_tables(ablation, lr_sweep, tmp_path, capsys):
+    """A sweep with running, diverged, failed and incomplete runs, and an LR sweep: the tables
+    made from runs.csv alone equal the sweep's, digit for digit."""
+    for sweep, levels in ((ablation, None), (lr_sweep, LEVELS)):
+        out, again = tmp_path / f"{sweep.name}_out", tmp_path / f"{sweep.name}_again"
+        assert report_in_process(sweep, "--out", out, levels=levels) == 0
+        assert report_in_process("--from-csv", out / "runs.csv", "--out", again) == 0
+        first, second = ((d / "results.md").read_text() for d in (out, again))
+        assert tables_of(first) == tables_of(second)
+        assert "## Learning rate" in first or sweep is ablation
+        assert not (again / "runs.csv").exists() and not (again / "loss_curves.png").exists()
+    assert (again / "lr_transfer.png").stat().st_size > 0
+    assert "above the unigram reference level (3.3000" in second   # levels read from the CSV
+    with pytest.raises(SystemExit):   # argparse: --from-csv still needs --out
+        report_in_process("--from-csv", out / "runs.csv")
+    assert report_in_process(lr_sweep, "--from-csv", out / "runs.csv", "--out", again) == 2
+    (tmp_path / "bad.csv").write_text("run,scaling\nx,none\n")
+    assert report_in_process("--from-csv", tmp_path / "bad.csv", "--out", again) == 2
+    assert "lacks the column(s) final_val_loss_full" in capsys.readouterr().err
+
+
+def test_lr_chosen_on_some_seeds_and_reported_on_others(lr_sweep, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert report_in_process(lr_sweep, "--out", out, "--select-seeds", "1,2") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert "Best LR: chosen on seeds 1, 2; loss at it: seeds 3." in lr_part
+    row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")   # 2.06 vs 2.025 on 1, 2
+    assert row[2] == "0.1 (grid edge)" and row[4:6] == ["2.0600 (n=1)", "0.1 (grid edge)"]
+    row = table_row(lr_part, "scaling=none, model.d_head=16")   # seeds 1, 2: 2.11 at 1e-2
+    assert row[2] == "0.01" and row[4] == "2.0800 (n=1)"
+    # seed 3 alone prefers 1e-2 for qk_norm (2.04 vs 2.06), all seeds together 1e-1
+    assert report_in_process(lr_sweep, "--out", out, "--report-seeds", "1,2") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert "Best LR: chosen on seeds 3; loss at it: seeds 1, 2." in lr_part
+    row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")
+    assert row[2] == "0.01" and row[4] == f"{interval([2.10, 2.02])} (n=2)"
+    capsys.readouterr()
+    for bad, why in ((["--select-seeds", "1,2", "--report-seeds", "2,3"], "must not share"),
+                     (["--select-seeds", "1,9"], "seed(s) 9 that no run has"),
+                     (["--select-seeds", "1,2,3"], "non-empty")):
+        assert report_in_process(lr_sweep, "--out", out, *bad) == 2
+        assert why in capsys.readouterr().err
+
+
+def test_lr_chosen_on_an_earlier_stage(lr_sweep, tmp_path, capsys):
+    """Stage 1 (lr_sweep, seeds 1-3) picks qk_norm 0.1, sqrt_dk and none 0.01 at d_head 16;
+    stage 2 runs seeds 4, 5 at 0.01 and 0.1 and is read at stage 1's choice."""
+    stage1 = tmp_path / "stage1"
+    assert report_in_process(lr_sweep, "--out", stage1) == 0
+    stage2 = tmp_path / "stage2"
+    for scaling in ("sqrt_dk", "none", "qk_norm"):
+        for lr, base in ((0.01, 2.0), (0.1, 2.3)):
+            for seed in (4, 5):
+                make_run(stage2, ["model.d_head=16", f"optim.lr={lr}", f"scaling={scaling}",
+                                  f"trainer.seed={seed}"], [INIT, 3.0, 2.5],
+                         full=base + 0.01 * seed)
+    out = tmp_path / "out"
+    assert report_in_process(stage2, "--out", out, "--select-from", stage1 / "runs.csv") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert (f"chosen on the runs of `{stage1 / 'runs.csv'}` (seeds 1, 2, 3); loss at it: this"
+            " sweep's seeds 4, 5.") in lr_part
+    assert table_row(lr_part, "scaling=qk_norm")[4] == f"{interval([2.34, 2.35])} (n=2)"
+    assert table_row(lr_part, "scaling=none")[4] == f"{interval([2.04, 2.05])} (n=2)"
+    capsys.readouterr()
+    flat = tmp_path / "flat"   # no LR axis and no --select-from: the options do not apply
+    make_run(flat, ["scaling=dk", "trainer.seed=1"], [4.0, 2.0], full=2.0)
+    assert report_in_process(flat, "--out", out, "--select-seeds", "1") == 2
+    assert "do not vary optim.lr" in capsys.readouterr().err

@@ -1,8 +1,10 @@
 """The report of scripts/plot_runs.py, as a library: one module per step of the report.
 
     runs.py       which folders are runs, what a run's settings and seed are, how runs group
-    stats.py      95% Student-t intervals, paired (same-seed) differences, the LR analyses
+    stats.py      95% Student-t intervals, paired (same-seed) t-tests as Holm families, failed
+                  runs, the LR analyses (the LR chosen on held-out seeds)
     tables.py     the Markdown tables of results.md
+    runs_csv.py   runs.csv: one row per run, and the runs read back from it (--from-csv)
     figures.py    the step-curve figures (losses, attention diagnostics, q/k gradient norms)
     lr_figure.py  the learning-rate figure of an LR sweep
 """

@@ -1,5 +1,6 @@
 """The learning-rate figure of an LR sweep (lr_transfer): loss against LR at each setting,
-and across settings each scale's best LR, its loss at that LR and its LR sensitivity."""
+and across settings each scale's best LR, its loss at the chosen LR on held-out seeds
+(stats.held_out) and its LR sensitivity."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def setting_axis(settings: list[tuple]):
     return list(range(len(settings))), "setting", False
 
 
-def plot_lr(lr_runs, which: str, path: Path) -> None:
-    """Top: loss vs LR, one panel per setting. Bottom: best LR, loss at the best LR and LR
-    sensitivity against the setting (the head width in lr_transfer)."""
+def plot_lr(lr_runs, which: str, path: Path, held: dict) -> None:
+    """Top: loss vs LR, one panel per setting. Bottom: best LR, loss at the chosen LR on the
+    held-out seeds (held: stats.held_out of these runs) and LR sensitivity against the
+    setting (the head width in lr_transfer)."""
     variants = group_runs(lr_runs, drop=(LR_KEY,))
     tables = {k: st.lr_table(g, which) for k, g in variants.items()}
     settings = sorted({setting_of(k) for k in variants}, key=setting_order)
@@ -45,7 +47,7 @@ def plot_lr(lr_runs, which: str, path: Path) -> None:
     share_y(axes[0][:len(settings)])
     for ax in axes[0][len(settings):]:
         ax.axis("off")
-    summary_panels(axes[1], tables, settings)
+    summary_panels(axes[1], tables, settings, held)
     for ax in axes[1][3:]:
         ax.axis("off")
     legend(fig, axes)
@@ -73,27 +75,28 @@ def lr_curve(ax, variant: str, table: dict, runs) -> None:
     ax.plot([xs[i] for i in div], [ivs[i].mean for i in div], "x", ms=9, color=s["color"])
 
 
-def summary_panels(axes, tables: dict, settings: list[tuple]) -> None:
+def summary_panels(axes, tables: dict, settings: list[tuple], held: dict) -> None:
     xs, xlabel, numeric = setting_axis(settings)
     for key, table in tables.items():
         x = xs[settings.index(setting_of(key))] * (dodge(key[0][1]) if numeric else 1.0)
-        best = st.best_lr(table)
-        if best is None:
+        best = held[key]["best"]
+        loss = st.mean_interval(list(held[key]["loss"].values()))
+        if best is None or loss is None:
             continue
         s = style(key[0][1])
         span = [best["lr"], *best["tied"]]  # the LRs not resolved from the best
         axes[0].errorbar([x], [best["lr"]], yerr=[[best["lr"] - min(span)],
                          [max(span) - best["lr"]]], capsize=3, color=s["color"],
                          marker=s["marker"])
-        loss = best["loss"]
         axes[1].errorbar([x], [loss.mean], yerr=[loss.half or 0.0], capsize=3,
                          color=s["color"], marker=s["marker"])
         sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
         if sens is not None:
             axes[2].errorbar([x], [sens.mean], yerr=[sens.half or 0.0], capsize=3,
                              color=s["color"], marker=s["marker"])
-    join_points(axes, tables, settings, xs, numeric)
-    titles = ("best LR (bar: LRs not resolved from it)", "loss at each scale's own best LR",
+    join_points(axes, tables, settings, xs, numeric, held)
+    titles = ("best LR (bar: LRs not resolved from it)",
+              "loss at each scale's chosen LR,\nseeds that did not choose it",
               "LR sensitivity (Wortsman et al. 2023)")
     for ax, title in zip(axes, titles):
         ax.set(title=title, xlabel=xlabel)
@@ -106,17 +109,17 @@ def summary_panels(axes, tables: dict, settings: list[tuple]) -> None:
     axes[0].set_yscale("log")
 
 
-def join_points(axes, tables, settings, xs, numeric: bool) -> None:
+def join_points(axes, tables, settings, xs, numeric: bool, held: dict) -> None:
     """Lines through each scale's points across settings, so a trend reads at a glance."""
     by_variant: dict[str, list] = {}
     for key, table in tables.items():
-        best = st.best_lr(table)
+        best = held[key]["best"]
+        loss = st.mean_interval(list(held[key]["loss"].values()))
         sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
-        if best is not None:
+        if best is not None and loss is not None:
             x = xs[settings.index(setting_of(key))] * (dodge(key[0][1]) if numeric else 1.0)
             by_variant.setdefault(key[0][1], []).append(
-                (x, best["lr"], best["loss"].mean,
-                 sens.mean if sens else math.nan))
+                (x, best["lr"], loss.mean, sens.mean if sens else math.nan))
     for variant, points in by_variant.items():
         points.sort()
         s = style(variant)

@@ -1,23 +1,30 @@
-"""Statistics of the report: 95% Student-t intervals, paired (same-seed) differences, and the
-learning-rate analyses of an LR sweep. Plain Python, no SciPy.
+"""Statistics of the report: 95% Student-t intervals, paired (same-seed) differences tested as
+a Holm family, which runs failed, and the learning-rate analyses of an LR sweep.
 
 Every number of a results table is a mean over seeds with its 95% interval and n. A claim that
 one scale beats another at a setting rests on the paired difference: the same seed gives both
 runs the same data order and (scale aside) the same initialisation, so the per-seed differences
-cancel what the seeds share. It is "resolved" only when that difference's interval excludes 0.
+cancel what the seeds share. A table's paired differences are one family of tests: each gets
+the two-sided p of the paired t-test and Holm's adjusted p over the family (Holm 1979), and a
+difference is "resolved" only when its adjusted p is below 0.05, so that the chance of calling
+any difference of the table when none is real stays at most 5%.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
+from scipy import stats as scipy_stats
+
 from scripts.report.runs import LR_KEY, Run, group_runs
 
 LEVEL = 0.95
+ALPHA = 1 - LEVEL  # a Holm-adjusted p below this resolves a paired difference
 LOSSES = {  # --loss choice -> (summary field, what the tables call it)
     "full": ("final_val_loss_full", "whole-split final val loss"),
     "sampled": ("final_val_loss", "sampled final val loss"),
@@ -25,58 +32,7 @@ LOSSES = {  # --loss choice -> (summary field, what the tables call it)
 
 
 # ---------------------------------------------------------------------------------------------
-# Student t
-# ---------------------------------------------------------------------------------------------
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b), by its continued fraction (modified Lentz)."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below this point
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                 + a * math.log(x) + b * math.log1p(-x))
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    f = d
-    for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            f *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return math.exp(log_front) * f / a
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with df degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))  # P(T > |t|)
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p, by bisection on t_cdf (monotone in t)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"t_quantile: p={p} must lie strictly between 0 and 1")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return 0.5 * (lo + hi)
-
-
-# ---------------------------------------------------------------------------------------------
-# Intervals and paired differences
+# Intervals, paired differences and their Holm family
 # ---------------------------------------------------------------------------------------------
 
 
@@ -105,6 +61,11 @@ class Interval:
         return f"{self.mean:.{digits}f} ± {self.half:.{digits}f} (n={self.n})"
 
 
+def t_quantile(p: float, df: float) -> float:
+    """The t with P(T <= t) = p for Student's t with df degrees of freedom."""
+    return float(scipy_stats.t.ppf(p, df))
+
+
 def mean_interval(values: list[float]) -> Optional[Interval]:
     """Mean and 95% t interval of the finite values; None when there are none."""
     values = [v for v in values if v is not None and math.isfinite(v)]
@@ -117,21 +78,72 @@ def mean_interval(values: list[float]) -> Optional[Interval]:
     return Interval(statistics.fmean(values), t_quantile(0.5 + LEVEL / 2, n - 1) * sem, n)
 
 
+def common_seeds(a: dict, b: dict) -> list:
+    """The seeds with a finite value in both a and b, in a fixed order."""
+    return sorted((s for s in a if s in b and _finite(a[s]) and _finite(b[s])), key=str)
+
+
 def paired_difference(a: dict, b: dict) -> Optional[Interval]:
     """Interval of a[seed] - b[seed] over the seeds both have with finite values."""
-    seeds = [s for s in a if s in b and _finite(a[s]) and _finite(b[s])]
-    return mean_interval([a[s] - b[s] for s in sorted(seeds, key=str)])
+    return mean_interval([a[s] - b[s] for s in common_seeds(a, b)])
 
 
-def verdict(diff: Optional[Interval], lower: str = "lower", higher: str = "higher") -> str:
-    """What a paired difference supports: `lower`, `higher`, or not resolved (and why)."""
-    if diff is None:
+def paired_p(a: dict, b: dict) -> Optional[float]:
+    """Two-sided p of the paired t-test (scipy.stats.ttest_rel) of a against b over their
+    common seeds; None below two pairs. Differences all exactly 0 give t = 0/0: p = 1 (no
+    evidence of a difference)."""
+    seeds = common_seeds(a, b)
+    if len(seeds) < 2:
+        return None
+    with warnings.catch_warnings():  # near-equal pairs: SciPy warns of lost precision
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(scipy_stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
+    return 1.0 if math.isnan(p) else p
+
+
+def holm(pvalues: list[Optional[float]]) -> list[Optional[float]]:
+    """Holm's step-down adjusted p-values (Holm 1979). With the m p-values sorted,
+    p_(1) <= ... <= p_(m), the i-th becomes max over j <= i of min(1, (m - j + 1) p_(j)); a
+    None (no test: fewer than two pairs) stays None and is not counted in m."""
+    tested = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    adjusted: list[Optional[float]] = [None] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One paired difference of a family: its interval, its paired t-test p and its p
+    adjusted by Holm over the family (None where there are fewer than two pairs)."""
+
+    diff: Optional[Interval]
+    p: Optional[float]
+    p_holm: Optional[float]
+
+    @property
+    def resolved(self) -> bool:
+        return self.p_holm is not None and self.p_holm < ALPHA
+
+
+def family(pairs: list[tuple[dict, dict]]) -> list[Comparison]:
+    """The comparisons a - b ({seed: value} each) of one table, Holm-adjusted together."""
+    ps = [paired_p(a, b) for a, b in pairs]
+    return [Comparison(paired_difference(a, b), p, adjusted)
+            for (a, b), p, adjusted in zip(pairs, ps, holm(ps))]
+
+
+def verdict(c: Comparison, lower: str = "lower", higher: str = "higher") -> str:
+    """What a paired comparison supports: `lower`, `higher`, or not resolved (and why)."""
+    if c.diff is None:
         return "not resolved (no pairs)"
-    if diff.half is None:
+    if c.diff.half is None:
         return "not resolved (n=1)"
-    if not diff.excludes_zero():
-        return "not resolved (interval contains 0)"
-    return lower if diff.hi < 0 else higher
+    if not c.resolved:
+        return f"not resolved (Holm p >= {ALPHA:g})"
+    return lower if c.diff.mean < 0 else higher
 
 
 def _finite(x) -> bool:
@@ -151,6 +163,24 @@ def final_loss(run: Run, which: str) -> Optional[float]:
     if which == "sampled":
         return run.final_val_loss_sampled
     return run.summary_value(LOSSES[which][0])
+
+
+def failure(run: Run, which: str, levels: Optional[dict]) -> Optional[str]:
+    """Why the run failed, or None. A run fails when its loss is non-finite (diverged), or its
+    final loss of kind `which` is above the unigram reference level (levels["unigram"], nats
+    per token; the rule is skipped when levels is None) or above its own step-0 loss. A run
+    still going or without that loss is judged by the non-finite rule alone."""
+    if run.diverged:
+        return "diverged (non-finite loss)"
+    loss = final_loss(run, which)
+    if run.partial or loss is None:
+        return None
+    if levels and loss > levels["unigram"]:
+        return f"final loss {loss:.4f} above the unigram level {levels['unigram']:.4f}"
+    init = run.loss_at_init
+    if init is not None and loss > init:
+        return f"final loss {loss:.4f} above its step-0 loss {init:.4f}"
+    return None
 
 
 def by_seed(runs: list[Run], value: Callable[[Run], Optional[float]]) -> dict:
@@ -189,17 +219,19 @@ def lr_table(runs: list[Run], which: str) -> dict[float, dict]:
 
 
 def best_lr(table: dict[float, dict]) -> Optional[dict]:
-    """The LR of lowest mean clipped loss, its interval, and the LRs whose paired difference to
-    it is not resolved (the best LR is known only up to those)."""
+    """The LR of lowest mean clipped loss, its interval, the LRs whose paired difference to it
+    is not resolved (Holm over the comparisons with it: the best LR is known only up to
+    those), and whether it lies at the edge of the grid (the optimum may lie beyond)."""
     means = {lr: mean_interval(list(s.values())) for lr, s in table.items()}
     means = {lr: m for lr, m in means.items() if m is not None}
     if not means:
         return None
     best = min(means, key=lambda lr: means[lr].mean)
-    tied = [lr for lr in means if lr != best
-            and (d := paired_difference(table[lr], table[best])) is not None
-            and not d.excludes_zero()]
-    return {"lr": best, "loss": means[best], "tied": tied, "means": means}
+    others = [lr for lr in means if lr != best]
+    tests = family([(table[lr], table[best]) for lr in others])
+    return {"lr": best, "loss": means[best], "means": means,
+            "tied": [lr for lr, c in zip(others, tests) if not c.resolved],
+            "edge": best in (min(table), max(table))}
 
 
 def complete_seeds(table: dict[float, dict]) -> list:
@@ -222,17 +254,84 @@ def sensitivity_by_seed(table: dict[float, dict]) -> dict:
             for seed in complete_seeds(table)}
 
 
-def loss_at_best_lr(table: dict[float, dict]) -> dict:
-    """seed -> clipped loss at the LR of lowest mean loss ({} when there is none)."""
-    best = best_lr(table)
-    return dict(table[best["lr"]]) if best else {}
 
 
-def at_best_lr(lr_runs, which: str) -> dict:
-    """Group key without the LR -> the runs of that group at its own best LR."""
+# ---------------------------------------------------------------------------------------------
+# A scale at its own best LR, without the winner's curse
+# ---------------------------------------------------------------------------------------------
+# The loss at the LR that minimised the mean loss over some seeds is biased low on those same
+# seeds (their noise helped pick it). So the LR is chosen on one set of seeds and its loss is
+# read on others: a split of the sweep's seeds, the runs of an earlier stage, or by default
+# each seed at the LR that is best on the other seeds (leave one seed out).
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where the LR is chosen and where its loss is read. select_runs: the runs of an earlier
+    stage (--select-from), None for the sweep's own; select_seeds / report_seeds: the seeds
+    of each side (None: every seed of select_runs / of the sweep). With neither seed set nor
+    select_runs, each seed is reported at the LR chosen on the other seeds."""
+
+    select_seeds: Optional[frozenset] = None
+    report_seeds: Optional[frozenset] = None
+    select_runs: Optional[list] = None
+    select_name: str = ""
+
+    @property
+    def leave_one_out(self) -> bool:
+        return self.select_runs is None and self.select_seeds is None \
+            and self.report_seeds is None
+
+    def reports(self, seed) -> bool:
+        """Whether the loss at the chosen LR is read on this seed of the sweep."""
+        if self.report_seeds is not None:
+            return seed in self.report_seeds
+        own = self.select_runs is None and self.select_seeds is not None
+        return not (own and seed in self.select_seeds)  # a split: the seeds not selecting
+
+    def selects(self, seed) -> bool:
+        """Whether this seed's runs (of select_runs, else of the sweep) choose the LR."""
+        if self.select_seeds is not None:
+            return seed in self.select_seeds
+        own = self.select_runs is None and self.report_seeds is not None
+        return not (own and seed in self.report_seeds)  # a split: the seeds not reported
+
+
+def only_seeds(table: dict[float, dict], keep) -> dict[float, dict]:
+    """The LR table restricted to the seeds in keep (a set, or a predicate on the seed)."""
+    test = keep if callable(keep) else keep.__contains__
+    return {lr: {s: v for s, v in seeds.items() if test(s)} for lr, seeds in table.items()}
+
+
+def matching_runs(groups: dict[tuple, list[Run]], run: Run) -> list[Run]:
+    """The runs of the group (of another set of runs) whose variant and settings are run's:
+    every (key, value) of that group's key is the run's setting of that key."""
+    for key, runs in groups.items():
+        if key[0][1] == run.variant and all(run.setting(k) == v for k, v in key[1:]):
+            return runs
+    return []
+
+
+def held_out(lr_runs: list[Run], which: str, plan: Plan) -> dict[tuple, dict]:
+    """Group key without the LR -> {"best": best_lr of the selection (None if it has no loss),
+    "chosen": {seed: LR its loss is read at}, "runs": the runs read, "loss": {seed: clipped
+    loss at the chosen LR}}. Every reported seed's LR was chosen without that seed's runs."""
+    groups = group_runs(lr_runs, drop=(LR_KEY,))
+    earlier = group_runs(plan.select_runs, drop=(LR_KEY,)) if plan.select_runs else {}
     out = {}
-    for key, vruns in group_runs(lr_runs, drop=(LR_KEY,)).items():
-        best = best_lr(lr_table(vruns, which))
-        if best is not None:
-            out[key] = [r for r in vruns if r.lr == best["lr"]]
+    for key, runs in groups.items():
+        report = [r for r in runs if plan.reports(r.seed)]
+        source = matching_runs(earlier, runs[0]) if plan.select_runs is not None else runs
+        table = only_seeds(lr_table(source, which), plan.selects)
+        best = best_lr(table)
+        chosen = {}
+        for seed in sorted({r.seed for r in report}, key=str):
+            pick = best_lr(only_seeds(table, lambda s, held=seed: s != held)) \
+                if plan.leave_one_out else best
+            if pick is not None:
+                chosen[seed] = pick["lr"]
+        read = list(by_seed([r for r in report if chosen.get(r.seed) == r.lr],
+                            lambda r: r).values())
+        out[key] = {"best": best, "chosen": chosen, "runs": read, "grid": sorted(table),
+                    "loss": by_seed(read, lambda r: clipped_loss(r, which))}
     return out

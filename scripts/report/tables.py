@@ -1,8 +1,11 @@
 """The Markdown tables of the report (results.md), built from runs and scripts/report/stats.py.
 
 Each number is a mean over seeds with its 95% Student-t interval ("mean ± half-width") and the
-n it rests on. Orderings are stated only from paired (same-seed) differences whose interval
-excludes 0; every other comparison is written "not resolved".
+n it rests on, over the runs that did not fail (stats.failure). Each table of paired (same-seed)
+differences is one family: every difference has its interval, its paired t-test p and its
+Holm-adjusted p, and an ordering is stated only where the adjusted p is below 0.05; every other
+comparison is written "not resolved". `levels` are the n-gram reference levels in nats per
+token ({"unigram": ..., "bigram": ..., "trigram": ...}) or None.
 """
 
 from __future__ import annotations
@@ -45,9 +48,8 @@ def cell_n(iv: Optional[st.Interval], digits: int = 4) -> str:
     return cell(iv, digits) + (f" (n={iv.n})" if iv is not None and iv.half is not None else "")
 
 
-def loss_cell(runs: list[Run], which: str) -> str:
-    """Interval of the final loss over the runs that did not diverge, or why there is none."""
-    ok = [r for r in runs if not r.diverged]
+def loss_cell(ok: list[Run], which: str) -> str:
+    """Interval of the final loss over the runs that did not fail, or why there is none."""
     values = [st.final_loss(r, which) for r in ok]
     missing = sum(v is None for v in values)
     if missing:
@@ -55,25 +57,45 @@ def loss_cell(runs: list[Run], which: str) -> str:
         return (f"missing: {missing} of {len(ok)} runs lack {st.LOSSES[which][0]}"
                 + (f" ({running} still running)" if running else ""))
     iv = st.mean_interval(values)
-    return "n/a (all diverged)" if iv is None else cell_n(iv)
+    return "n/a (all failed)" if iv is None else cell_n(iv)
 
 
-def results_table(groups: dict[tuple, list[Run]], which: str) -> list[str]:
+def results_table(groups: dict[tuple, list[Run]], which: str, levels: Optional[dict]
+                  ) -> list[str]:
     name = st.LOSSES[which][1]
     extra = which != "sampled"
     head = f"| group | runs | {name} |" + (" sampled final val loss |" if extra else "")
-    lines = [head + " best sampled val loss | diverged | still running | tokens/s | steps |",
+    lines = [head + " best sampled val loss | failed | still running | tokens/s | steps |",
              "|---|---:|---:|" + ("---:|" if extra else "") + "---:|---:|---:|---:|---:|"]
     for key, runs in groups.items():
-        ok = [r for r in runs if not r.diverged]
+        ok = [r for r in runs if st.failure(r, which, levels) is None]
         rates = [r.tokens_per_sec for r in runs]
         lines.append(
-            f"| {label(key)} | {len(runs)} | {loss_cell(runs, which)} |"
-            + (f" {loss_cell(runs, 'sampled')} |" if extra else "")
+            f"| {label(key)} | {len(runs)} | {loss_cell(ok, which)} |"
+            + (f" {loss_cell(ok, 'sampled')} |" if extra else "")
             + f" {cell(st.mean_interval([r.best_val_loss for r in ok]))}"
-            f" | {sum(r.diverged for r in runs)} | {sum(r.partial for r in runs)}"
+            f" | {len(runs) - len(ok)} | {sum(r.partial for r in runs)}"
             f" | {cell(st.mean_interval(rates), 0)} | {steps_cell(runs)} |")
-    return lines
+    return lines + ["", failed_rule(which, levels)]
+
+
+def failed_rule(which: str, levels: Optional[dict]) -> str:
+    """The sentence under a table that says what `failed` means and what the means are over."""
+    field = st.LOSSES[which][0]
+    if levels:
+        rule = (f"`{field}` is above the unigram reference level"
+                f" ({levels['unigram']:.4f} nats/token) or above its own step-0 loss")
+    else:
+        rule = (f"`{field}` is above its own step-0 loss (no reference levels were given,"
+                " so the unigram rule is not applied)")
+    return ("`failed`: runs whose loss is non-finite (diverged), or whose " + rule + "."
+            " Means and intervals are over the runs that did not fail.")
+
+
+def failed_runs(runs: list[Run], which: str, levels: Optional[dict]) -> list[str]:
+    """One line per failed run: its folder and why."""
+    why = [(r, st.failure(r, which, levels)) for r in runs]
+    return [f"- {r.path}: {reason}" for r, reason in why if reason] or ["- none"]
 
 
 def steps_cell(runs: list[Run]) -> str:
@@ -84,19 +106,19 @@ def steps_cell(runs: list[Run]) -> str:
 
 
 def paired_rows(values: dict[tuple, dict], ref: tuple) -> list[tuple]:
-    """(setting, variant, difference interval) of each group minus its reference group, paired
-    by seed: the reference is the same key with ref = (config key, value) put in, e.g.
-    ("scaling", "sqrt_dk"). values maps a group key to {seed: number}."""
+    """(setting, variant, comparison) of each group minus its reference group, paired by seed,
+    the rows being one Holm family: the reference is the same key with ref = (config key,
+    value) put in, e.g. ("scaling", "sqrt_dk"). values maps a group key to {seed: number}."""
     name, value = ref
-    rows = []
+    rows, pairs = [], []
     for key, seeds in values.items():
         if dict(key).get(name, value) == value:
             continue  # the reference itself, or a sweep that does not vary `name`
         other = tuple((k, value if k == name else v) for k, v in key)
         if other in values:
-            rows.append((setting_of(key), key[0][1],
-                         st.paired_difference(seeds, values[other])))
-    return rows
+            rows.append((setting_of(key), key[0][1]))
+            pairs.append((seeds, values[other]))
+    return [(*row, c) for row, c in zip(rows, st.family(pairs))]
 
 
 def ref_text(ref: tuple) -> str:
@@ -108,13 +130,21 @@ def paired_table(values: dict[tuple, dict], ref: tuple, what: str) -> list[str]:
     name = ref_text(ref)
     if not rows:
         return [f"No paired comparison: no `{name}` runs at the settings of the others."]
-    lines = [f"| setting | variant | pairs | {what}: group − {name} | reading |",
-             "|---|---|---:|---:|---|"]
-    for setting, variant, diff in rows:
-        reading = st.verdict(diff, f"lower than {name}", f"higher than {name}")
-        lines.append(f"| {label(setting, 'all')} | {variant} | {diff.n if diff else 0}"
-                     f" | {cell(diff)} | {reading} |")
-    return lines
+    lines = [f"| setting | variant | pairs | {what}: group − {name} | p (paired t) | Holm p"
+             " | reading |", "|---|---|---:|---:|---:|---:|---|"]
+    for setting, variant, c in rows:
+        reading = st.verdict(c, f"lower than {name}", f"higher than {name}")
+        lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
+                     f" | {cell(c.diff)} | {p_cell(c.p)} | {p_cell(c.p_holm)} | {reading} |")
+    tested = sum(c.p is not None for _, _, c in rows)
+    untested = len(rows) - tested
+    return lines + ["", f"Family: {tested} paired t-tests, Holm-adjusted together"
+                    + (f"; {untested} more without two pairs, untested" if untested else "")
+                    + f". Resolved: Holm p < {st.ALPHA:g}."]
+
+
+def p_cell(p: Optional[float]) -> str:
+    return "n/a" if p is None else f"{p:.3g}"
 
 
 def layer_value(record: dict, name: str, how: str) -> Optional[float]:
@@ -144,41 +174,84 @@ def diagnostics_table(groups: dict[tuple, list[Run]], pick: int, title: str) -> 
     return lines
 
 
-def lr_section(runs: list[Run], which: str, baseline: str) -> list[str]:
-    """Best LR, loss at it, LR sensitivity per variant and setting, and the paired
-    differences of the last two against the baseline at each setting."""
+def lr_section(runs: list[Run], which: str, baseline: str, levels: Optional[dict],
+               plan: st.Plan) -> list[str]:
+    """Best LR, loss at it on held-out seeds, LR sensitivity per variant and setting, and the
+    paired differences of the last two against the baseline at each setting."""
     variants = group_runs(runs, drop=(LR_KEY,))
     summaries = {key: st.lr_table(vruns, which) for key, vruns in variants.items()}
+    chosen = st.held_out(runs, which, plan)
     # sensitivity = mean over the grid - minimum over the grid, so both are shown: a low best
     # loss alone raises the sensitivity
-    lines = ["| group | LRs | best LR | LRs not resolved from it | loss at best LR"
-             " | mean loss over the grid | LR sensitivity | diverged |",
-             "|---|---:|---:|---|---:|---:|---:|---:|"]
+    lines = [selection_caption(plan, runs), "",
+             "| group | LRs | best LR | LRs not resolved from it | loss at the chosen LR,"
+             " held-out seeds | LR it was read at | mean loss over the grid | LR sensitivity"
+             " | failed |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for key, table in summaries.items():
-        best = st.best_lr(table)
-        if best is None:
-            lines.append(f"| {label(key)} | {len(table)} | n/a: no run has a"
-                         f" {st.LOSSES[which][0]} and a loss at init | | | | | |")
-            continue
+        held = chosen[key]
+        best = held["best"]
+        failed = sum(st.failure(r, which, levels) is not None for r in variants[key])
         grid = st.mean_interval(list(st.grid_mean_by_seed(table).values()))
         sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
+        if best is None:
+            lines.append(f"| {label(key)} | {len(table)} | n/a: no selection run has a"
+                         f" {st.LOSSES[which][0]} and a loss at init | | | |"
+                         f" {cell_n(grid)} | {cell_n(sens)} | {failed} |")
+            continue
         tied = ", ".join(f"{lr:g}" for lr in best["tied"]) or "none"
-        lines.append(f"| {label(key)} | {len(table)} | {best['lr']:g} | {tied}"
-                     f" | {cell_n(best['loss'])} | {cell_n(grid)} | {cell_n(sens)}"
-                     f" | {sum(r.diverged for r in variants[key])} |")
-    best_loss = {key: st.loss_at_best_lr(table) for key, table in summaries.items()}
+        read = st.mean_interval(list(held["loss"].values()))
+        lines.append(f"| {label(key)} | {len(table)} | {lr_text(best['lr'], held['grid'])}"
+                     f" | {tied} | {cell_n(read)} | {chosen_text(held)} | {cell_n(grid)}"
+                     f" | {cell_n(sens)} | {failed} |")
+    best_loss = {key: held["loss"] for key, held in chosen.items()}
     sens_seed = {key: st.sensitivity_by_seed(table) for key, table in summaries.items()}
-    lines += ["", "Loss at each variant's own best LR, paired by seed against "
-              f"`{baseline}` at the same setting:", ""]
-    lines += paired_table(best_loss, (VARIANT_KEY, baseline), "loss at best LR")
+    lines += ["", "Loss at each variant's own chosen LR on the held-out seeds, paired by seed"
+              f" against `{baseline}` at the same setting:", ""]
+    lines += paired_table(best_loss, (VARIANT_KEY, baseline), "loss at chosen LR")
     lines += ["", f"LR sensitivity, paired by seed against `{baseline}`:", ""]
     lines += paired_table(sens_seed, (VARIANT_KEY, baseline), "LR sensitivity")
     lines += ["", "Mean clipped final loss per learning rate (a diverged run counts as its loss"
-              " at init; `div` = runs diverged):", ""] + lr_grid(variants, summaries)
-    return lines
+              " at init; `failed` = runs that failed):", ""]
+    return lines + lr_grid(variants, summaries, which, levels)
 
 
-def lr_grid(variants, summaries) -> list[str]:
+def seeds_text(seeds) -> str:
+    return ", ".join(sorted(seeds, key=lambda s: (len(str(s)), str(s))))
+
+
+def selection_caption(plan: st.Plan, runs: list[Run]) -> str:
+    """Which seeds chose the LR and which seeds its loss is read on."""
+    report = {r.seed for r in runs if plan.reports(r.seed)}
+    if plan.leave_one_out:
+        return ("Best LR: chosen on all seeds. Loss at the chosen LR: each seed's loss at the LR"
+                " that is best on the other seeds (leave one seed out), so that no seed's"
+                " loss chose its own LR; `LR it was read at` lists those LRs.")
+    if plan.select_runs is not None:
+        select = {r.seed for r in plan.select_runs if plan.selects(r.seed)}
+        overlap = set(select) & set(report)
+        return (f"Best LR: chosen on the runs of `{plan.select_name}` (seeds"
+                f" {seeds_text(select)}); loss at it: this sweep's seeds {seeds_text(report)}."
+                + (f" Seeds {seeds_text(overlap)} are on both sides: their runs share data"
+                   " order and initialisation with the runs that chose the LR." if overlap
+                   else ""))
+    select = {r.seed for r in runs if plan.selects(r.seed)}
+    return (f"Best LR: chosen on seeds {seeds_text(select)}; loss at it: seeds"
+            f" {seeds_text(report)}.")
+
+
+def lr_text(lr: float, grid: list[float]) -> str:
+    """An LR, flagged when it is the smallest or largest of its grid: the optimum may lie
+    beyond the grid, and the loss at it is then an upper bound of the best loss."""
+    edge = len(grid) > 1 and lr in (grid[0], grid[-1])
+    return f"{lr:g}" + (" (grid edge)" if edge else "")
+
+
+def chosen_text(held: dict) -> str:
+    lrs = sorted(set(held["chosen"].values()))
+    return ", ".join(lr_text(lr, held["grid"]) for lr in lrs) or "n/a"
+
+
+def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str]:
     lrs = sorted({lr for table in summaries.values() for lr in table})
     lines = ["| group | " + " | ".join(f"lr={lr:g}" for lr in lrs) + " |",
              "|---|" + "---:|" * len(lrs)]
@@ -186,30 +259,35 @@ def lr_grid(variants, summaries) -> list[str]:
         cells = []
         for lr in lrs:
             iv = st.mean_interval(list(table.get(lr, {}).values()))
-            div = sum(r.diverged for r in variants[key] if r.lr == lr)
-            cells.append(cell(iv) + (f" ({div} div)" if div else "") if iv else "")
+            failed = sum(st.failure(r, which, levels) is not None
+                         for r in variants[key] if r.lr == lr)
+            cells.append(cell(iv) + (f" ({failed} failed)" if failed else "") if iv else "")
         lines.append(f"| {label(key)} | " + " | ".join(cells) + " |")
     return lines
 
 
-def markdown_report(roots, runs, groups, skipped, notes, which: str, baseline: str,
-                    lr_runs: Optional[list[Run]], pairs: tuple = ()) -> str:
+def markdown_report(read: str, runs, groups, skipped, notes, which: str, baseline: str,
+                    lr_runs: Optional[list[Run]], pairs: tuple = (),
+                    levels: Optional[dict] = None, plan: Optional[st.Plan] = None) -> str:
     """results.md: results, paired differences against the baseline scale and against each
     (key, value) of pairs, attention statistics, LR analysis if the runs vary optim.lr
-    (lr_runs), then what was still running, skipped or odd."""
+    (lr_runs), then what failed, was still running, skipped or odd. `read` says what was read
+    (the sweep folders, or runs.csv)."""
     field, name = st.LOSSES[which]
-    lines = ["# Sweep results", "", "Sweeps read: " + ", ".join(f"`{r}`" for r in roots), "",
+    lines = ["# Sweep results", "", read, "",
              f"Loss: {name} (`{field}` in summary.json), over the runs of a group that did not"
-             " diverge. Every number is the mean over seeds ± the half-width of its 95%"
+             " fail. Every number is the mean over seeds ± the half-width of its 95%"
              " Student-t interval, with n the number of seeds; `(n=1)` has no interval."
              " Sampled losses come from the fixed evaluation batches.", ""]
-    lines += results_table(groups, which)
-    values = {key: st.by_seed(g, lambda r: st.final_loss(r, which)) for key, g in groups.items()}
+    lines += results_table(groups, which, levels)
+    values = {key: st.by_seed([r for r in g if st.failure(r, which, levels) is None],
+                              lambda r: st.final_loss(r, which)) for key, g in groups.items()}
     for ref in ((VARIANT_KEY, baseline), *pairs):
         lines += ["", f"## Paired differences against `{ref_text(ref)}`", "",
                   f"Per seed, a group's {name} minus that of the same setting and seed with"
-                  f" `{label([ref])}`; an ordering is read only where the 95% interval of the"
-                  " difference excludes 0.", ""] + paired_table(values, ref, name)
+                  f" `{label([ref])}`, over the seeds where neither run failed; an ordering is"
+                  " read only where the Holm-adjusted p of the paired t-test is below"
+                  f" {st.ALPHA:g}.", ""] + paired_table(values, ref, name)
     lines += ["", "## Attention statistics", "",
               "Entropy, saturated-row fraction and raw variance: mean over layers; max logits:"
               " max over layers. Scaled = the logit softmax sees; raw = q.k before the scale.",
@@ -219,10 +297,15 @@ def markdown_report(roots, runs, groups, skipped, notes, which: str, baseline: s
     if lr_runs:
         lines += ["", "## Learning rate", "",
                   "Per variant and setting, over the LR grid: the best LR (lowest mean clipped"
-                  f" {name}), the LRs whose paired difference to it is not resolved, and the"
-                  " LR sensitivity of Wortsman et al. 2023 (per seed: mean over the grid of"
-                  " min(loss, loss at init) minus its minimum over the grid).", ""]
-        lines += lr_section(lr_runs, which, baseline)
+                  f" {name}), the LRs whose paired difference to it is not resolved (Holm over"
+                  " the comparisons with it), the loss at the chosen LR on seeds that did not"
+                  " choose it, and the LR sensitivity of Wortsman et al. 2023 (per seed: mean"
+                  " over the grid of min(loss, loss at init) minus its minimum over the grid)."
+                  " A failed run keeps its clipped loss here: dropping it would favour the"
+                  " LRs that fail. `(grid edge)`: the best LR is the smallest or largest tried,"
+                  " so the optimum may lie outside the grid.", ""]
+        lines += lr_section(lr_runs, which, baseline, levels, plan or st.Plan())
+    lines += ["", "## Failed runs", ""] + failed_runs(runs, which, levels)
     partial = [r for r in runs if r.partial]
     if partial:
         lines += ["", "## Still running (no summary.json)", ""]

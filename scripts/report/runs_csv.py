@@ -1,0 +1,181 @@
+"""runs.csv: one row per run with every number the tables and the LR figure are made of, so
+that a reader can recompute each interval, and so that `plot_runs.py --from-csv` rebuilds them.
+
+Columns, in order:
+
+- `run`: the run folder.
+- the swept keys, as Hydra spells them (`scaling`, `trainer.seed`, `optim.lr`, `model.d_head`,
+  ...): every key of any run's .hydra/overrides.yaml, `scaling` and `trainer.seed` always.
+  A value is the run's setting written canonically (run.json's value where the run did not
+  override the key); `null` is the default.
+- `final_val_loss_full`, `final_val_loss` (sampled), `init_val_loss` (the step-0 loss),
+  `failed` (true/false, stats.failure under the report's loss and reference levels),
+  `final_val_accuracy` (a recall run's, else empty), `best_val_loss`, `diverged`, `finished`
+  (false while the run is going: no summary.json), `steps` (summary.json's), `tokens_per_sec`.
+- `first_eval_step`, `first_attn_*` and `last_eval_step`, `attn_*`: the attention statistics of
+  the first and the last eval record, combined over layers as the tables combine them (mean;
+  max for the max logits).
+- `ref_unigram`, `ref_bigram`, `ref_trigram`: the n-gram reference levels (nats/token) the
+  failures were judged against, on every row; absent when the report had none.
+
+Numbers are written with Python's repr, which reads back to the same float, so the tables
+rebuilt from the CSV equal the tables of the sweep digit for digit. An empty cell is a missing
+value.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from model.errors import UserError
+from scripts.report import stats as st
+from scripts.report.runs import SEED_KEY, VARIANT_KEY, Run, is_seed_key
+from scripts.report.tables import DIAGNOSTICS, layer_value
+
+FINAL = ("final_val_loss_full", "final_val_loss", "init_val_loss", "failed",
+         "final_val_accuracy", "best_val_loss", "diverged", "finished", "steps",
+         "tokens_per_sec")
+FIRST_COLUMN = FINAL[0]  # the swept keys are the columns between `run` and this one
+ATTN = tuple(name for name, _, _ in DIAGNOSTICS)
+EVALS = ("first_eval_step", *(f"first_{a}" for a in ATTN), "last_eval_step", *ATTN)
+REF_PREFIX = "ref_"
+
+
+def swept_keys(runs: list[Run]) -> list[str]:
+    """Every override key of the runs, `scaling` first and the seed always, then the others in
+    alphabetical order."""
+    keys = sorted({k for r in runs for k in r.overrides} - {VARIANT_KEY})
+    if not any(is_seed_key(k) for k in keys):
+        keys = sorted([*keys, SEED_KEY])
+    return [VARIANT_KEY, *keys]
+
+
+def number(x) -> str:
+    if x is None:
+        return ""
+    if isinstance(x, bool):
+        return str(x).lower()
+    return repr(int(x)) if isinstance(x, int) else repr(float(x))
+
+
+def diagnostics(record: dict) -> list[Optional[float]]:
+    return [layer_value(record, name, how) for name, _, how in DIAGNOSTICS]
+
+
+def row_of(run: Run, keys: list[str], which: str, levels: Optional[dict]) -> list[str]:
+    settings = [run.variant if k == VARIANT_KEY else run.setting(k) for k in keys]
+    steps = run.summary_value("steps")
+    final = [run.summary_value("final_val_loss_full"), run.final_val_loss_sampled,
+             run.loss_at_init, st.failure(run, which, levels) is not None,
+             run.summary_value("final_val_accuracy"), run.best_val_loss, run.diverged,
+             not run.partial, None if steps is None else int(steps), run.tokens_per_sec]
+    first, last = run.evals[0], run.evals[-1]
+    evals = [first.get("step"), *diagnostics(first), last.get("step"), *diagnostics(last)]
+    refs = list((levels or {}).values())
+    return [str(run.path), *("null" if v is None else v for v in settings),
+            *map(number, [*final, *evals, *refs])]
+
+
+def write_runs_csv(runs: list[Run], path: Path, which: str, levels: Optional[dict]) -> None:
+    keys = swept_keys(runs)
+    refs = [REF_PREFIX + name for name in (levels or {})]
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["run", *keys, *FINAL, *EVALS, *refs])
+        for run in runs:
+            out.writerow(row_of(run, keys, which, levels))
+
+
+@dataclass
+class CsvRun(Run):
+    """A run rebuilt from its row of runs.csv: the numbers Run derives from the run folder's
+    records are read from the row instead (and the eval records hold the layer-combined
+    statistics as one-element lists, which the tables combine back to the same value)."""
+
+    row: dict = field(default_factory=dict)
+
+    @property
+    def final_val_loss_sampled(self) -> float:
+        return self.row["final_val_loss"]
+
+    @property
+    def best_val_loss(self) -> float:
+        return self.row["best_val_loss"]
+
+    @property
+    def diverged(self) -> bool:
+        return self.row["diverged"]
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.row["tokens_per_sec"]
+
+    @property
+    def loss_at_init(self) -> Optional[float]:
+        return self.row["init_val_loss"]
+
+
+def parse(text: str, column: str, line: int, path: Path):
+    """A cell as a bool, int, float or None (empty); a one-paragraph error otherwise."""
+    if text in ("true", "false"):
+        return text == "true"
+    if text == "":
+        return None
+    try:
+        return int(text) if text.lstrip("-").isdigit() else float(text)
+    except ValueError:
+        raise UserError(f"{path}, line {line}: column {column} holds {text!r}, not a number."
+                        " runs.csv is written by scripts/plot_runs.py; regenerate it from the"
+                        " sweep folders rather than editing it by hand.") from None
+
+
+def read_runs_csv(path: Path) -> tuple[list[Run], Optional[dict]]:
+    """The runs of a runs.csv and the reference levels it was judged against (None if absent).
+    A file that is not such a CSV raises a UserError naming the file and what is wrong."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such file. Pass the runs.csv that scripts/plot_runs.py"
+                        " wrote beside a results.md.")
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header = rows[0] if rows else []
+    missing = [c for c in ("run", VARIANT_KEY, *FINAL, *EVALS) if c not in header]
+    if missing:
+        raise UserError(f"{path} is not a runs.csv of scripts/plot_runs.py: it lacks the"
+                        f" column(s) {', '.join(missing)}. Pass the runs.csv written beside a"
+                        " results.md, or the sweep folders themselves.")
+    keys = header[1:header.index(FIRST_COLUMN)]
+    runs, levels = [], None
+    for line, cells in enumerate(rows[1:], start=2):
+        if len(cells) != len(header):
+            raise UserError(f"{path}, line {line}: {len(cells)} cells for {len(header)}"
+                            " columns. Regenerate runs.csv from the sweep folders.")
+        row = dict(zip(header, cells))
+        values = {c: parse(row[c], c, line, path) for c in header[len(keys) + 1:]}
+        values = {c: math.nan if v is None and c in ("final_val_loss", "best_val_loss",
+                                                     "tokens_per_sec") else v
+                  for c, v in values.items()}
+        levels = {c[len(REF_PREFIX):]: v for c, v in values.items()
+                  if c.startswith(REF_PREFIX)} or None
+        runs.append(csv_run(row, keys, values))
+    return runs, levels
+
+
+def csv_run(row: dict, keys: list[str], values: dict) -> CsvRun:
+    overrides = {k: row[k] for k in keys if k != VARIANT_KEY}
+    first = {"step": values["first_eval_step"]}
+    last = {"step": values["last_eval_step"]}
+    for name in ATTN:
+        for record, column in ((first, f"first_{name}"), (last, name)):
+            if values[column] is not None:
+                record[name] = [values[column]]
+    summary = None
+    if values["finished"]:
+        summary = {name: values[name] for name in
+                   ("final_val_loss_full", "final_val_accuracy", "steps") if values[name]
+                   is not None}
+    return CsvRun(Path(row["run"]), overrides, row[VARIANT_KEY], [], [first, last], summary,
+                  {}, row=values)
