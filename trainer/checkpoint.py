@@ -7,7 +7,7 @@ you runs no code from it.
     format, version     "attnscale-checkpoint", 1
     model               state dict of the plain (uncompiled, unwrapped) GPT
     model_config        GPTConfig as a dict, scaling nested
-    config              the run's resolved config: model, data, scaling, optim, trainer
+    config              the run's resolved config: model, data, scaling, optim, trainer, logger
     pad_id              the tokenizer's padding id (for sampling)
     step, best_val_loss, best_step, init_val_loss, final_val_loss, wall_s
 
@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from model.errors import UserError
 from trainer.build import Progress, Run
+from trainer.loggers import LoggerConfig
 from trainer.run_dir import atomic_write
 
 FORMAT, VERSION = "attnscale-checkpoint", 1
@@ -152,6 +153,8 @@ MAY_CHANGE_ON_RESUME = (
     "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
     "trainer.sample_temperature", "trainer.sample_top_k", "trainer.full_eval_tokens",
     "data.cache_dir", "model.attn_impl",
+    # where the records are mirrored, not what is trained
+    *(f"logger.{f.name}" for f in fields(LoggerConfig)),
 )
 
 
