@@ -14,6 +14,7 @@ anything runs when the chosen one is missing.
 import importlib.util
 import math
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -149,7 +150,7 @@ class WandbLogger:
         import wandb
 
         earlier = sorted((run_dir / "wandb").glob("*run-*-*"))
-        run_id = earlier[-1].name.rsplit("-", 1)[-1] if earlier else wandb.util.generate_id()
+        run_id = earlier[-1].name.rsplit("-", 1)[-1] if earlier else uuid.uuid4().hex[:8]
         try:
             self.run = wandb.init(mode=cfg.mode, dir=str(run_dir / WANDB_DIR),
                                   project=cfg.project, entity=cfg.entity, config=config,
