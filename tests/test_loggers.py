@@ -158,3 +158,35 @@ def test_wandb_offline_run_mirrors_every_record_summary_and_config(tiny, tmp_pat
     assert summary["final_val_loss_full"] == written["final_val_loss_full"]
     assert summary["best_step"] == written["best_step"]
     assert [r["exit"]["exit_code"] for r in log if r["type"] == "exit"] == [0]
+
+
+@pytest.mark.slow
+def test_tensorboard_after_resumes_matches_metrics_jsonl(tiny, tmp_path):  # noqa: F811
+    """A resume drops the records past its checkpoint from metrics.jsonl and redoes those
+    steps (with other tokens/s): the event files must show the redone values only."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    args = [*tiny, "logger=tensorboard", f"hydra.run.dir={run_dir}", "trainer.resume=auto"]
+    assert run_cli([*args, "trainer.max_steps=4"]).returncode == 0
+    at_4 = (run_dir / "checkpoints" / "last.pt").read_bytes()
+    assert run_cli(args).returncode == 0                       # steps 5-8
+    (run_dir / "checkpoints" / "last.pt").write_bytes(at_4)   # back to step 4: redo 5-8
+    result = run_cli(args)
+    assert result.returncode == 0, result.stderr
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    got = {(tag, e.step): e.value for tag in events.Tags()["scalars"]
+           for e in events.Scalars(tag)}
+    for tag in events.Tags()["scalars"]:   # one value per step: nothing of a dropped segment
+        steps = [e.step for e in events.Scalars(tag)]
+        assert len(steps) == len(set(steps)), tag
+    # the first segment ended at its max_steps=4 and wrote its summary there; it stays
+    assert got.pop(("summary/steps", 4)) == 4.0
+    got = {(tag, step): v for (tag, step), v in got.items()
+           if not (tag.startswith("summary/") and step == 4)}
+    want = expected(run_dir)
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == np.float32(value), key
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 3
