@@ -115,10 +115,9 @@ def test_tensorboard_mirrors_every_record_summary_and_config(tiny, tmp_path):  #
     assert config["logger"]["name"] == "tensorboard"
 
 
-def wandb_records(run_dir: Path) -> list[dict]:
-    """The records of the offline run's .wandb transaction log, as `wandb leet inspect --json`
+def wandb_records(log: Path) -> list[dict]:
+    """The records of an offline run's .wandb transaction log, as `wandb leet inspect --json`
     (wandb's own reader) prints them."""
-    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
@@ -136,7 +135,8 @@ def test_wandb_offline_run_mirrors_every_record_summary_and_config(tiny, tmp_pat
     assert result.returncode == 0, result.stderr
     (run_dir,) = [p for p in sweep.iterdir() if p.is_dir()]   # named by every override
     assert run_dir.name.endswith("trainer.seed=5")
-    log = wandb_records(run_dir)
+    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    log = wandb_records(log)
     (run,) = [r["run"] for r in log if r["type"] == "run"]
     assert (run["project"], run["display_name"], run["run_group"]) == (
         "scales", run_dir.name, str(sweep))
@@ -190,3 +190,30 @@ def test_tensorboard_after_resumes_matches_metrics_jsonl(tiny, tmp_path):  # noq
     for key, value in want.items():
         assert got[key] == np.float32(value), key
     assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 3
+
+
+@pytest.mark.slow
+def test_a_resumed_wandb_run_keeps_its_id(tiny, tmp_path, monkeypatch):  # noqa: F811
+    """Each segment writes its own offline folder, under the id of the first: `wandb sync`
+    uploads them in order into one run. Together they hold every record once."""
+    for kind in ("CONFIG", "CACHE", "DATA", "ARTIFACT"):
+        monkeypatch.setenv(f"WANDB_{kind}_DIR", str(tmp_path / "wandb_home"))
+    run_dir = tmp_path / "run"
+    args = [*tiny, "logger=wandb", f"hydra.run.dir={run_dir}", "trainer.resume=auto"]
+    assert run_cli([*args, "trainer.max_steps=4"]).returncode == 0
+    result = run_cli(args)
+    assert result.returncode == 0, result.stderr
+    folders = sorted(run_dir.glob("wandb/offline-run-*"))
+    assert len(folders) == 2 and len({f.name.rsplit("-", 1)[1] for f in folders}) == 1
+    got, steps = {}, []
+    for folder in folders:
+        (log,) = folder.glob("run-*.wandb")
+        history = [r["history"] for r in wandb_records(log) if r["type"] == "history"]
+        steps.append([int(h["step"]["num"]) for h in history])
+        for h in history:
+            got.update({(k, int(h["step"]["num"])): v for k, v in h["item"].items()
+                        if not k.startswith("_")})
+    assert steps == [[0, 1, 2, 3, 4], [5, 6, 7, 8]]
+    want = expected(run_dir)
+    assert {k: v for k, v in got.items() if not (k[0].startswith("summary/") and k[1] == 4)} \
+        == want
