@@ -242,13 +242,11 @@ def check_group_overrides(args: list[str], config_dir: Path = CONFIGS) -> None:
             continue
         if override.key_or_group not in groups or override.is_delete():
             continue
-        if override.is_sweep_override():
-            if isinstance(override._value, Glob):
-                continue
-            values = list(override.sweep_iterator())
-        else:
-            value = override.value()
-            values = value if isinstance(value, list) else [value]
+        value = override.value()   # a sweep: its ChoiceSweep, RangeSweep or Glob
+        if isinstance(value, Glob):   # matched against the options by Hydra itself
+            continue
+        values = (list(override.sweep_iterator()) if override.is_sweep_override()
+                  else value if isinstance(value, list) else [value])
         options = group_options(override.key_or_group, config_dir)
         for value in values:
             if not (isinstance(value, str) and (value in options or value.startswith("${"))):

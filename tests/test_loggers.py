@@ -11,7 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_train import ROOT, records, run_cli, tiny  # noqa: F401 (tiny is a fixture)
+from test_train import (  # noqa: F401 (tiny is a fixture)
+    CONFIGS,
+    ROOT,
+    make_config,
+    records,
+    run_cli,
+    tiny,
+)
 
 from model.errors import ConfigError
 from trainer import loggers
@@ -50,6 +57,17 @@ def test_hyperparameters_are_flat_scalars():
     assert hyperparameters(config) == {"model.n_layer": 2, "model.bias": False,
                                        "trainer.resume": "None",
                                        "trainer.sample_prompts": "['a', 'b']"}
+
+
+def test_each_logger_option_composes_to_its_config():
+    names = sorted(p.stem for p in (CONFIGS / "logger").glob("*.yaml"))
+    assert names == sorted(loggers.LOGGERS)
+    assert LoggerConfig(**make_config([]).logger) == LoggerConfig()   # none, offline
+    for name in names:
+        cfg = LoggerConfig(**make_config([f"logger={name}"]).logger)
+        assert (cfg.name, cfg.mode, cfg.project) == (name, "offline", "attnscale")
+    cfg = make_config(["logger=wandb", "logger.mode=online", "logger.project=p"]).logger
+    assert LoggerConfig(**cfg) == LoggerConfig(name="wandb", project="p", mode="online")
 
 
 @pytest.mark.parametrize("key, value", [("name", "mlflow"), ("mode", "cloud"), ("project", " ")])

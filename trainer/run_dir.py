@@ -8,6 +8,7 @@
     tokenizer.json    copy of the tokenizer the run used
     checkpoints/      last.pt (every trainer.ckpt_every steps and at the end), best.pt
     samples.txt       generated continuations of trainer.sample_prompts
+    tensorboard/      logger=tensorboard's event files; wandb/: logger=wandb's run (loggers.py)
 
 Files are replaced atomically (write a temporary file, fsync, rename), so a run killed at any
 moment leaves either the old or the new checkpoint, never half of one.
