@@ -155,10 +155,11 @@ class WandbLogger:
             self.run = wandb.init(mode=cfg.mode, dir=str(run_dir / WANDB_DIR),
                                   project=cfg.project, entity=cfg.entity, config=config,
                                   id=run_id, resume="allow", **wandb_names(run_dir))
-        except wandb.Error as err:
+        except wandb.Error as err:   # online without an account or network, for example
+            why = " ".join(str(err).split()).rstrip(".")
             raise ConfigError(f"logger=wandb could not start a run (logger.mode={cfg.mode}): "
-                              f"{' '.join(str(err).split())}. Use logger.mode=offline to "
-                              "write the run without an account or network.") from None
+                              f"{why}. Use logger.mode=offline to write the run without an "
+                              "account or network.") from None
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=step)
