@@ -27,13 +27,14 @@ from typing import Optional
 import hydra
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from model.errors import UserError
+from model.errors import ConfigError, UserError
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world_size
 from trainer.evaluate import describe, describe_full, evaluate, evaluate_full, write_samples
+from trainer.loggers import LoggerConfig, require
 from trainer.resume import finished, overrides, resume_commands, resume_path, shown
 from trainer.run_dir import RunDir, remove_if_unstarted, summarize
 from trainer.schema import TrainerConfig, register_configs
@@ -184,6 +185,8 @@ def hydra_main(cfg: DictConfig) -> None:
         run_dir = Path(shared[0])
     rank, world = process_rank(), world_size()
     try:
+        # a missing logger package fails here, on every process, before any data is prepared
+        require(LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True)))
         summary = train(cfg, run_dir)
     except UserError as err:
         if rank == 0:
@@ -214,8 +217,74 @@ def hydra_main(cfg: DictConfig) -> None:
     print(f"run dir: {shown(run_dir)}")
 
 
+CONFIGS = Path(__file__).resolve().parent / "configs"
+HYDRA_GROUPS = ("hydra/launcher",)   # Hydra's own groups whose options a user picks
+
+
+def check_group_overrides(args: list[str], config_dir: Path = CONFIGS) -> None:
+    """ConfigError naming the group and its options for a command-line override that gives a
+    config group (configs/<group>/, hydra/launcher) null, an empty value or an option it does
+    not have, each value of a sweep (`scaling=none,dk`) included. Hydra's own message for
+    these ("Config group override must be a string or a list. Got NoneType", or "Could not
+    find 'scaling/bogus'") names neither. Deletions (`~group`), globs and interpolations are
+    left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException
+
+    groups = {*(p.name for p in config_dir.iterdir() if p.is_dir() and p.name != "hydra"),
+              *HYDRA_GROUPS}
+    parser = OverridesParser.create()
+    for arg in args:
+        try:
+            override = parser.parse_override(arg)
+        except HydraException:   # not an override Hydra can read: its own message says why
+            continue
+        if override.key_or_group not in groups or override.is_delete():
+            continue
+        value = override.value()   # a sweep: its ChoiceSweep, RangeSweep or Glob
+        if isinstance(value, Glob):   # matched against the options by Hydra itself
+            continue
+        values = (list(override.sweep_iterator()) if override.is_sweep_override()
+                  else value if isinstance(value, list) else [value])
+        options = group_options(override.key_or_group, config_dir)
+        for value in values:
+            if not (isinstance(value, str) and (value in options or value.startswith("${"))):
+                raise ConfigError(bad_option_message(arg, override.key_or_group, value,
+                                                      options))
+
+
+def group_options(group: str, config_dir: Path) -> list[str]:
+    """The options Hydra composes for `group`: configs/<group>/*.yaml, and for hydra/launcher
+    also those of the installed Hydra plugins (read through Hydra's config loader)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
+        loader = GlobalHydra.instance().config_loader()
+        return loader.get_group_options(group, results_filter=ObjectType.CONFIG)
+
+
+def bad_option_message(arg: str, group: str, value, options: list[str]) -> str:
+    """One paragraph: the override as given, what is wrong with it, the group's options."""
+    given = ("an option, not null" if value is None else "an option, not an empty value"
+             if value == "" else f"one of its options; {value!r} is not one")
+    where = f"the files in configs/{group}/" + (
+        " and the installed Hydra plugins" if group in HYDRA_GROUPS else "")
+    tail = (" Leave experiment out (or write ~experiment) to train without a preset."
+            if group == "experiment" else "")
+    return (f"{arg}: the config group `{group}` needs {given}. Its options ({where}): "
+            f"{', '.join(options) or 'none'}; pick one as {group}=NAME.{tail}")
+
+
 def main() -> None:
     register_configs()
+    try:
+        check_group_overrides([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     if int(os.environ.get("RANK", "0")) > 0:
         # Only rank 0 owns a run directory: the other processes' Hydra must not make one.
         sys.argv = [a for a in sys.argv if not a.startswith(("hydra.run.dir=",

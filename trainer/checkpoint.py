@@ -3,7 +3,7 @@
 A checkpoint holds tensors and plain containers only (dict, list, tuple, str, int, float, bool,
 None), so it is read with `torch.load(weights_only=True)`: opening a file someone hands you runs
 no code from it. Both files hold the format and version, the plain GPT's weights, its config, the
-run's resolved config, pad_id and the progress fields; checkpoints/last.pt adds the optimizer,
+run's resolved config (logger included), pad_id and the progress fields; checkpoints/last.pt adds the optimizer,
 scheduler, scaler and sampler states, one random-stream state per process (`rng_state`) and the
 number of processes. docs/training.md ("Checkpoint format") tables every field.
 """
@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from model.errors import UserError
 from trainer.build import Progress, Run
+from trainer.loggers import LoggerConfig
 from trainer.run_dir import atomic_write
 
 FORMAT, VERSION = "attnscale-checkpoint", 1
@@ -141,6 +142,8 @@ MAY_CHANGE_ON_RESUME = (
     "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
     "trainer.sample_temperature", "trainer.sample_top_k", "trainer.full_eval_tokens",
     "data.cache_dir", "model.attn_impl",
+    # where the records are mirrored, not what is trained
+    *(f"logger.{f.name}" for f in fields(LoggerConfig)),
 )
 
 

@@ -8,6 +8,7 @@
     tokenizer.json    copy of the tokenizer the run used
     checkpoints/      last.pt (every trainer.ckpt_every steps and at the end), best.pt
     samples.txt       generated continuations of trainer.sample_prompts
+    tensorboard/      logger=tensorboard's event files; wandb/: logger=wandb's run (loggers.py)
 
 Files are replaced atomically (write a temporary file, fsync, rename), so a run killed at any
 moment leaves either the old or the new checkpoint, never half of one.
@@ -31,6 +32,7 @@ from tqdm import tqdm
 
 from model.errors import UserError
 from trainer.build import MAX_AUTO_THREADS, Run, available_cores
+from trainer.loggers import LoggerConfig, open_logger
 
 HYDRA_FILES = {".hydra"}   # what Hydra writes into a run directory before train.py starts
 
@@ -130,16 +132,20 @@ def now() -> str:
 class RunDir:
     """The run directory as the loop writes it: on rank 0 only, so the loop reads the same on
     every process. Opening it prints what is about to run, adds this segment to run.json,
-    copies tokenizer.json and opens metrics.jsonl (flushed per line: plots read live runs)."""
+    copies tokenizer.json and opens metrics.jsonl (flushed per line: plots read live runs).
+    The experiment logger (logger=..., trainer/loggers.py) gets every record and the summary
+    it writes; it closes with the segment (end_segment) or when an error leaves the loop."""
 
     def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
         self.path, self.writes = path, run.compute.rank == 0
         self.last, self.best = path / "checkpoints" / "last.pt", path / "checkpoints" / "best.pt"
-        self.metrics = None
+        self.metrics, self.logger = None, None
         if not self.writes:
             return
         print(start_line(run, resumed_from))
         path.mkdir(parents=True, exist_ok=True)
+        self.logger = open_logger(LoggerConfig(**run.config.resolved.get("logger", {})), path,
+                                  run.config.resolved, run.state.progress.step)
         metrics = path / "metrics.jsonl"
         if resumed_from and metrics.exists():   # drop the records of steps past the checkpoint
             kept = [json.dumps(r) + "\n" for r in read_metrics(metrics)
@@ -153,6 +159,7 @@ class RunDir:
         """One line of metrics.jsonl."""
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
+            self.logger.record(record)
 
     def say(self, line: str) -> None:
         """One line on the terminal, above the progress bar."""
@@ -165,17 +172,21 @@ class RunDir:
             record = json.loads((self.path / "run.json").read_text())
             record["segments"][-1].update(ended_at=now(), end_step=step, ended=ended)
             write_json(self.path / "run.json", record)
+            self.logger.close()
 
     def write_summary(self, summary: dict) -> None:
         if self.writes:
             write_json(self.path / "summary.json", summary)
+            self.logger.summary(summary)
 
     def __enter__(self) -> "RunDir":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         if self.metrics:
             self.metrics.close()
+        if self.logger and exc_type is not None:   # else the summary still follows
+            self.logger.close()
 
 
 def start_line(run: Run, resumed_from: Optional[Path]) -> str:

@@ -129,11 +129,13 @@ def register_configs() -> None:
     from data.config import DataConfig
     from model.attention import ScalingConfig
     from model.gpt import GPTConfig
+    from trainer.loggers import LoggerConfig
 
     # vocab_size comes from the tokenizer; scaling is its own group at the top level.
     groups = {"model": hydra_schema(GPTConfig, exclude=("vocab_size", "scaling")),
               "data": hydra_schema(DataConfig), "scaling": hydra_schema(ScalingConfig),
-              "optim": hydra_schema(OptimConfig), "trainer": hydra_schema(TrainerConfig)}
+              "optim": hydra_schema(OptimConfig), "trainer": hydra_schema(TrainerConfig),
+              "logger": hydra_schema(LoggerConfig)}
     config = dataclasses.make_dataclass(
         "Config", [(name, schema, field(default_factory=schema))
                    for name, schema in groups.items()])
