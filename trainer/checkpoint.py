@@ -5,7 +5,8 @@ None), so it is read with `torch.load(weights_only=True)`: opening a file someon
 no code from it. Both files hold the format and version, the plain GPT's weights, its config,
 the run's resolved config (logger included), pad_id and the progress fields; checkpoints/last.pt
 adds the optimizer, scheduler, scaler and sampler states, one random-stream state per process
-(`rng_state`) and the number of processes. docs/training.md ("Checkpoint format") tables every field.
+(`rng_state`) and the number of processes. docs/training.md ("Checkpoint format") tables every
+field.
 """
 
 import random
