@@ -3,6 +3,7 @@ sweeps builds a valid config, and a shrunken version of each (two grid points, a
 tiny corpus) runs end to end and reports."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -111,7 +112,8 @@ def test_init_scale_grid_gives_unit_variance_q_and_k():
 SHRUNKEN = {   # two grid points each, one seed, sized for the tiny corpus
     "scaling_ablation": ["scaling=none,qk_norm", "model.n_head=2"],
     "head_width": ["model.d_head=16,32", "scaling=constant"],
-    "lr_transfer": ["scaling=none", "optim.lr=1e-3,3e-2", "model.d_head=8"],
+    # two seeds: the report reads each seed's loss at the LR chosen on the other seed
+    "lr_transfer": ["scaling=none", "optim.lr=1e-3,3e-2", "model.d_head=8", "trainer.seed=1,2"],
     "init_scale": ["scaling=none", "model.qk_init_std=null,0.18", "model.d_head=8"],
 }
 
@@ -127,11 +129,12 @@ def test_shrunken_preset_runs_end_to_end_and_reports(name, tmp_path):
             "trainer.batch_size=4", "trainer.max_steps=2", "trainer.eval_every=1",
             "trainer.eval_iters=1", "trainer.log_every=1", "trainer.ckpt_every=2",
             "trainer.sample_tokens=4", "trainer.sample_prompts=[the]", "trainer.device=cpu",
-            "trainer.seed=1", "optim.warmup_steps=1", f"hydra.sweep.dir={sweep}"]
-    proc = run_cli([f"experiment={name}", *SHRUNKEN[name], *tiny])
+            "optim.warmup_steps=1", f"hydra.sweep.dir={sweep}"]
+    seed = [] if any(o.startswith("trainer.seed=") for o in SHRUNKEN[name]) else ["trainer.seed=1"]
+    proc = run_cli([f"experiment={name}", *SHRUNKEN[name], *tiny, *seed])
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = sorted(p.parent for p in sweep.glob("*/summary.json"))
-    assert len(runs) == 2
+    assert len(runs) == math.prod(o.count(",") + 1 for o in SHRUNKEN[name])
     out = tmp_path / "report"
     report = subprocess.run([sys.executable, "scripts/plot_runs.py", str(sweep), "--out",
                              str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -144,7 +147,8 @@ def test_shrunken_preset_runs_end_to_end_and_reports(name, tmp_path):
     else:
         assert (out / "loss_curves.png").stat().st_size > 0
     varied = [o.split("=")[0] for o in SHRUNKEN[name] if "," in o]
-    for run in runs:   # one row per run, holding its whole-split loss or saying it is missing
+    for run in runs if "trainer.seed" not in varied else []:
+        # one seed: one row per run, holding its whole-split loss or saying it is missing
         summary = json.loads((run / "summary.json").read_text())
         swept = [p for p in run.name.split(",") if p.split("=")[0] in varied]
         rows = [r for r in table.splitlines() if r.startswith("| scaling=")
