@@ -118,7 +118,7 @@ def test_bad_overrides_fail_when_composing(bad):
     assert bad.split("=")[0].split(".")[-1] in str(err.value) or "bogus" in str(err.value)
 
 
-@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("scaling", [*SCALINGS, "uniform"])  # uniform: the control, no sweep
 def test_each_scaling_variant_trains(tiny, tmp_path, scaling):
     run_dir = tmp_path / "run"
     summary = train.train(make_config([*tiny, f"scaling={scaling}", "trainer.max_steps=4"]),
