@@ -35,6 +35,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripts.report import ngram  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
 from scripts.report.figures import (  # noqa: E402
     plot_diagnostics,
@@ -111,16 +112,21 @@ def main(argv=None) -> int:
         curves, note = st.at_best_lr(lr_runs, args.loss), ", each scale at its own best LR"
         if not curves:
             notes.append(f"no best LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
+    levels, why = ngram.levels_of_runs([r.path for r in runs])
+    if why:
+        notes.append(why)
     args.out.mkdir(parents=True, exist_ok=True)
     if curves:
-        plot_losses(curves, args.out / "loss_curves.png", note)
+        plot_losses(curves, args.out / "loss_curves.png", note, levels)
         plot_vs_baseline(curves, args.baseline, args.out / "loss_vs_baseline.png", note)
         plot_diagnostics(curves, args.out / "diagnostics.png", note)
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
     if lr_runs:
-        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png")
+        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", levels)
     report = markdown_report(args.sweeps, runs, groups, skipped, notes, args.loss,
                              args.baseline, lr_runs, pairs)
+    if levels:
+        report = ngram.above_every_table(report, ngram.levels_line(levels))
     (args.out / "results.md").write_text(report)
     print(report)
     return 0

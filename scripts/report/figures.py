@@ -106,7 +106,7 @@ def panels(groups: dict) -> list[list[tuple[str, list]]]:
 
 
 def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
-                    zoom: bool = False, zero_line: bool = False) -> None:
+                    zoom: bool = False, zero_line: bool = False, levels=None) -> None:
     grid = panels(groups)
     n_cols = max(len(row) for row in grid)
     fig, axes = plt.subplots(len(grid), n_cols, figsize=(max(3.6 * n_cols + 0.6, 8.0),
@@ -141,6 +141,9 @@ def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
                 ax.set_ylabel(ylabel)
     if zoom:
         zoom_losses(axes.flat[0], groups, series_of)
+    for ax in axes.flat:
+        if levels and ax.axison:
+            reference_lines(ax, levels)
     legend(fig, axes)
     context = " (grey: the other scales)" if per_scale else ""
     fig.suptitle(f"{title}{context}\n{seeds_note(groups)}", fontsize=10)
@@ -179,10 +182,31 @@ def legend(fig, axes) -> None:
                    ncol=min(len(order), fits), fontsize=8, frameon=False)
 
 
-def plot_losses(groups, path: Path, note: str) -> None:
+def reference_lines(ax, levels: dict[str, float]) -> None:
+    """The n-gram reference levels (scripts/report/ngram.py) as labelled horizontal lines;
+    a level outside the panel's y-range is named in its corner instead, so the zoom stays."""
+    lo, hi = ax.get_ylim()
+    off = []
+    for name, value in levels.items():
+        if lo <= value <= hi:
+            ax.axhline(value, color="0.35", lw=0.9, ls=(0, (1, 2)), zorder=1)
+            ax.text(0.99, value, f"{name} {value:.2f}", transform=ax.get_yaxis_transform(),
+                    ha="right", va="bottom", fontsize=9, color="0.3")
+        else:
+            off.append(f"{name} {value:.2f} {'above' if value > hi else 'below'}")
+    if off:
+        ax.text(0.99, 0.98, "\n".join(off), transform=ax.transAxes, ha="right", va="top",
+                fontsize=9, color="0.3")
+    ax.set_ylim(lo, hi)
+
+
+def plot_losses(groups, path: Path, note: str, levels=None) -> None:
+    """Validation loss per setting; `levels`: the n-gram reference levels to draw, if any."""
+    dotted = "; dotted: n-gram reference levels" if levels else ""
     small_multiples(groups, lambda r: eval_series(r, "val_loss", None),
                     "val loss (nats)", f"Validation loss on the sampled batches{note};"
-                    f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training", path, zoom=True)
+                    f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training{dotted}", path,
+                    zoom=True, levels=levels)
 
 
 def plot_vs_baseline(groups, baseline: str, path: Path, note: str) -> None:

@@ -37,7 +37,7 @@ import yaml
 
 from data.config import DataConfig
 from data.prepare import PreparedData, prepare
-from model.errors import DataError
+from model.errors import DataError, UserError
 from trainer.evaluate import bits_per_byte
 from trainer.run_dir import write_json
 
@@ -231,3 +231,49 @@ def reference_levels(run_dir_or_data_cfg: str | Path | DataConfig) -> dict[str, 
     if missing, which prepares the token cache too if needed."""
     data = prepare(data_config(run_dir_or_data_cfg), progress=False)
     return dict(cached(data)[0]["nats_per_token"])
+
+
+def data_overrides(run_dir: Path) -> list[str]:
+    """The data overrides of a run folder (.hydra/overrides.yaml), for a command line."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    items = (yaml.safe_load(path.read_text()) or []) if path.is_file() else []
+    return [str(item) for item in items if str(item).lstrip("+").startswith("data")]
+
+
+def levels_of_runs(run_dirs: list[Path]) -> tuple[dict[str, float] | None, str]:
+    """The reference levels shared by the runs, or None and why not (no data config, several
+    data configs, or the cache could not be made: then the command that makes it)."""
+    configs = {}
+    for run_dir in run_dirs:
+        if (run_dir / ".hydra" / "config.yaml").is_file():
+            cfg = data_config(run_dir)
+            configs.setdefault(json.dumps(asdict(cfg), sort_keys=True), (cfg, run_dir))
+    if not configs:
+        return None, "no reference levels: the run folders have no .hydra/config.yaml"
+    if len(configs) > 1:
+        return None, (f"no reference levels: the runs use {len(configs)} data configs; report"
+                      " on the runs of one corpus at a time")
+    cfg, run_dir = next(iter(configs.values()))
+    try:
+        return reference_levels(cfg), ""
+    except (UserError, OSError) as e:
+        command = " ".join(["python scripts/baselines.py", *data_overrides(run_dir)])
+        return None, f"no reference levels ({e}); `{command}` computes them"
+
+
+def levels_line(levels: dict[str, float]) -> str:
+    """The sentence results.md prints above each table."""
+    shown = ", ".join(f"{name} {value:.4f}" for name, value in levels.items())
+    return (f"Reference levels (nats/token on the whole validation split; add-k n-gram counts"
+            f" of the training split, `python scripts/baselines.py`): {shown}.")
+
+
+def above_every_table(markdown: str, line: str) -> str:
+    """`line` and a blank line inserted above the first row of every table of `markdown`."""
+    out, previous = [], ""
+    for row in markdown.split("\n"):
+        if row.startswith("|") and not previous.startswith("|"):
+            out += [line, ""]
+        out.append(row)
+        previous = row
+    return "\n".join(out)
