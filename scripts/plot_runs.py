@@ -1,7 +1,7 @@
 """Report on sweeps: the results tables (results.md) and figures of the run folders named.
 
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
-                                [--baseline sqrt_dk] [--pair KEY=VALUE ...]
+                                [--baseline sqrt_dk] [--pair KEY=VALUE ...] [--heads RUN_DIR]
 
 SWEEP_DIR is one preset run (multirun/<preset>/<time>/, one folder per job) or a single run
 folder. Only the folders named are read: name several to pool sweeps on purpose. Writes:
@@ -17,6 +17,12 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
 - DIR/qk_grad_norms.png q and k projection gradient norms vs step
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
                         the setting, and each scale's loss at its own best LR
+- DIR/heads_<run>.png   with --heads RUN_DIR: that run's attention statistics per head (a
+                        panel per layer, a line per head), so the one head that saturates shows
+
+The n-gram reference levels of the runs' corpus (scripts/report/ngram.py, cached by
+scripts/baselines.py) are printed above every table and drawn as dotted lines in the loss
+figures; runs without a shared .hydra/config.yaml get a note instead.
 
 A line is the mean over a group's seeds; its band is the 95% Student-t interval of that mean,
 drawn only where n >= 2. In an LR sweep the curves show each scale at its own best LR.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -39,6 +46,7 @@ from scripts.report import ngram  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
 from scripts.report.figures import (  # noqa: E402
     plot_diagnostics,
+    plot_heads,
     plot_losses,
     plot_qk_grads,
     plot_vs_baseline,
@@ -48,6 +56,7 @@ from scripts.report.runs import (  # noqa: E402
     LR_KEY,
     canonical,
     group_runs,
+    load_run,
     load_runs,
     value_order,
     varying_keys,
@@ -75,6 +84,17 @@ def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
     return pairs, ""
 
 
+def draw_heads(run_dir: Path, out: Path) -> str:
+    """DIR/heads_<run folder>.png for --heads RUN_DIR, and a note on what was drawn."""
+    run, why = load_run(run_dir)
+    name = "heads_" + re.sub(r"[^A-Za-z0-9._=-]+", "_", run_dir.resolve().name) + ".png"
+    if run is None:
+        return f"--heads {run_dir}: not drawn ({why})"
+    if not plot_heads(run, out / name):
+        return f"--heads {run_dir}: not drawn (its eval records have no attn_heads)"
+    return f"per-head attention statistics of {run_dir}: {name}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep or run folders to read")
@@ -86,6 +106,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pair", action="append", default=[], metavar="KEY=VALUE",
                         help="also pair every group with the same setting at KEY=VALUE, e.g."
                         " model.qk_init_std=null (repeatable)")
+    parser.add_argument("--heads", action="append", default=[], type=Path, metavar="RUN_DIR",
+                        help="also draw DIR/heads_<run>.png, the per-head attention statistics"
+                        " of this run folder (repeatable)")
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.sweeps if not p.is_dir()]
     if missing:
@@ -123,6 +146,8 @@ def main(argv=None) -> int:
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
     if lr_runs:
         plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", levels)
+    for run_dir in args.heads:
+        notes.append(draw_heads(run_dir, args.out))
     report = markdown_report(args.sweeps, runs, groups, skipped, notes, args.loss,
                              args.baseline, lr_runs, pairs)
     if levels:
