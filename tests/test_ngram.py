@@ -151,3 +151,8 @@ def test_cache_hit_and_reference_levels_of_a_run_dir(english, tmp_path, monkeypa
     assert baselines.main([*overrides, "--max-train-tokens", "500"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("computed: ") and "capped: only the first 500 of" in out
+    # the report takes the cached file whatever its settings: the capped levels, not recomputed
+    capped = json.loads((data.folder / ngram.FILE).read_text())["nats_per_token"]
+    assert capped != stored["nats_per_token"]
+    monkeypatch.setattr(ngram, "compute", no_compute)
+    assert ngram.reference_levels(english) == capped

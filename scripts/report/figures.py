@@ -30,7 +30,7 @@ from scripts.report.tables import DIAGNOSTICS
 # keep overlapping curves (sqrt_dk under learned) apart.
 STYLES = {"sqrt_dk": ("C0", "-", "o"), "none": ("C1", "--", "s"), "dk": ("C2", "-.", "^"),
           "constant": ("C3", ":", "D"), "learned": ("C4", (0, (6, 2)), "v"),
-          "qk_norm": ("C5", (0, (3, 1, 1, 1, 1, 1)), "P")}
+          "qk_norm": ("C5", (0, (3, 1, 1, 1, 1, 1)), "P"), "uniform": ("C8", (0, (1, 1)), "x")}
 ZOOM_FROM = 0.3  # loss panels show in full the steps past this fraction of the run
 LOG_FIELDS = {"attn_max_logit", "attn_raw_max_logit", "attn_raw_var"}
 

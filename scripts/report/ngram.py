@@ -22,7 +22,8 @@ arrays, so memory grows with the number of distinct n-grams, not with the corpus
 applied), which bounds the trigram table of a large BPE corpus.
 
 The result is cached as baselines.json in the token cache folder of the corpus (data/cache.py),
-so that every run on that corpus shares it; `reference_levels` is what the report reads.
+so that every run on that corpus shares it; `reference_levels` is what the report reads: the
+cached file whatever its settings, computed with the defaults if there is none.
 """
 
 from __future__ import annotations
@@ -200,16 +201,20 @@ def compute(data: PreparedData, settings: Settings = DEFAULT, chunk: int = CHUNK
             "seconds": time.perf_counter() - start, "settings": asdict(settings)}
 
 
-def cached(data: PreparedData, settings: Settings = DEFAULT, chunk: int = CHUNK
+def cached(data: PreparedData, settings: Settings | None = None, chunk: int = CHUNK
            ) -> tuple[dict, bool]:
-    """baselines.json of the token cache folder of `data`, computed and written if it is
-    missing or was made with other settings; and whether it was read from the file."""
+    """baselines.json of the token cache folder of `data`, and whether it was read from the
+    file. Computed (with `settings`, or the defaults) and written when it is missing, of
+    another format, or made with settings other than those asked for; settings=None takes
+    whatever settings the cached file was made with (e.g. a cap chosen on the command line)."""
     path = data.folder / FILE
     if path.is_file():
         result = json.loads(path.read_text())
-        if result.get("settings") == json.loads(json.dumps(asdict(settings))):
+        made_with = result.get("settings", {})
+        wanted = None if settings is None else json.loads(json.dumps(asdict(settings)))
+        if made_with.get("format") == FORMAT and wanted in (None, made_with):
             return result, True
-    result = compute(data, settings, chunk)
+    result = compute(data, settings or DEFAULT, chunk)
     write_json(path, result)
     return result, False
 
