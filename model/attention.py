@@ -16,6 +16,8 @@ Scale variants (ScalingConfig.name):
     constant  s = 1/divisor whatever d_head               a fixed divisor (8 by default)
     learned   s = exp(log_scale[h]) per head, starting at 1/sqrt(d_head)
     qk_norm   LayerNorm/RMSNorm q and k per head, then s = 1/sqrt(d_head)   Dehghani et al. 2023
+    uniform   s = 0: every allowed key gets the same weight (the mean of the allowed values),
+              whatever q and k are; the control that says what attention's selectivity buys
 Optional soft-cap (Gemma 2, Gemma Team 2024): logits <- c * tanh(logits / c), after the scale.
 
 The scale multiplies q before the product: in float16, (q @ k^T) * s overflows 65504 where
@@ -42,7 +44,7 @@ from torch import Tensor
 from model import diagnostics
 from model.errors import ConfigError, check_dropout, check_positive_int
 
-SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm")
+SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm", "uniform")
 QK_NORMS = ("layernorm", "rmsnorm")
 ATTN_IMPLS = ("auto", "explicit", "sdpa")
 
@@ -180,6 +182,10 @@ class MultiHeadAttention(nn.Module):
             return 1.0 / D
         if name == "constant":
             return 1.0 / self.scaling.divisor
+        if name == "uniform":
+            # every logit is 0, so softmax over the allowed keys is 1/(number allowed): the
+            # masks and the fully-masked-row policy apply unchanged, and q, k get zero gradient
+            return 0.0
         return self.log_scale.exp().view(self.n_head, 1, 1)  # learned: (H, 1, 1)
 
     def forward(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
@@ -246,10 +252,11 @@ class MultiHeadAttention(nn.Module):
         is_causal together with attn_mask, so a Mask always carries the causal part itself.
         """
         s = self.scale()
-        if isinstance(s, Tensor):
+        if isinstance(s, Tensor) or s == 0.0:
             # `learned`: SDPA's scale= is one Python float; a per-head tensor cannot go there,
-            # and turning it into a float would cut its gradient. So q carries it.
-            q, s = q * s, 1.0  # (B, H, T, D) * (H, 1, 1)
+            # and turning it into a float would cut its gradient. `uniform`: PyTorch's CPU
+            # kernel applies scale=0 to its causal -inf too (0 * -inf = nan). So q carries it.
+            q, s = q * s, 1.0  # (B, H, T, D) * (H, 1, 1) or * 0
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=None if mask is None else mask.attend,
             dropout_p=self.dropout if self.training else 0.0,

@@ -1,7 +1,7 @@
 """Report on sweeps: the results tables (results.md), runs.csv and figures of the runs named.
 
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
-                                [--baseline sqrt_dk] [--pair KEY=VALUE ...]
+                                [--baseline sqrt_dk] [--pair KEY=VALUE ...] [--heads RUN_DIR]
                                 [--select-seeds 1,2 | --report-seeds 3,4,5]
                                 [--select-from STAGE1/runs.csv]
     python scripts/plot_runs.py --from-csv DIR/runs.csv --out DIR2 [same options]
@@ -24,6 +24,12 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
 - DIR/qk_grad_norms.png q and k projection gradient norms vs step
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
                         the setting, and each scale's loss at its chosen LR (held-out seeds)
+- DIR/heads_<run>.png   with --heads RUN_DIR: that run's attention statistics per head (a
+                        panel per layer, a line per head), so the one head that saturates shows
+
+The n-gram reference levels of the runs' corpus (scripts/report/ngram.py, cached by
+scripts/baselines.py) are printed above every table and drawn as dotted lines in the loss
+figures; runs without a shared .hydra/config.yaml get a note instead.
 
 A line is the mean over a group's seeds; its band is the 95% Student-t interval of that mean,
 drawn only where n >= 2. In an LR sweep a scale's loss "at its own best LR" is read on seeds
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -47,9 +54,11 @@ matplotlib.use("Agg")  # files only, never a window
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.errors import UserError  # noqa: E402
+from scripts.report import ngram  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
 from scripts.report.figures import (  # noqa: E402
     plot_diagnostics,
+    plot_heads,
     plot_losses,
     plot_qk_grads,
     plot_vs_baseline,
@@ -59,6 +68,7 @@ from scripts.report.runs import (  # noqa: E402
     LR_KEY,
     canonical,
     group_runs,
+    load_run,
     load_runs,
     value_order,
     varying_keys,
@@ -135,10 +145,22 @@ def read_runs(args) -> tuple[list, list, str, Optional[dict], str]:
     return runs, skipped, read, None, ""
 
 
+def draw_heads(run_dir: Path, out: Path) -> str:
+    """DIR/heads_<run folder>.png for --heads RUN_DIR, and a note on what was drawn."""
+    run, why = load_run(run_dir)
+    name = "heads_" + re.sub(r"[^A-Za-z0-9._=-]+", "_", run_dir.resolve().name) + ".png"
+    if run is None:
+        return f"--heads {run_dir}: not drawn ({why})"
+    if not plot_heads(run, out / name):
+        return f"--heads {run_dir}: not drawn (its eval records have no attn_heads)"
+    return f"per-head attention statistics of {run_dir}: {name}"
+
+
 def main(argv=None, levels: Optional[dict] = None) -> int:
     """levels: the n-gram reference levels in nats per token ({"unigram": ..., "bigram": ...,
-    "trigram": ...}) that judge failed runs; None: a runs.csv's own, else none (only the
-    non-finite and step-0 rules then apply)."""
+    "trigram": ...}) that judge failed runs; None: a runs.csv's own, else the cached levels of
+    the runs' corpus (scripts/report/ngram.py); without any, only the non-finite and step-0
+    rules apply."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweeps", nargs="*", type=Path, help="sweep or run folders to read")
     parser.add_argument("--out", type=Path, required=True, help="folder for figures and tables")
@@ -157,6 +179,9 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
                         help="LR sweep: report the loss at the chosen LR on these seeds only")
     parser.add_argument("--select-from", type=Path, metavar="RUNS_CSV",
                         help="choose each scale's LR on the runs of an earlier stage's runs.csv")
+    parser.add_argument("--heads", action="append", default=[], type=Path, metavar="RUN_DIR",
+                        help="also draw DIR/heads_<run>.png, the per-head attention statistics"
+                        " of this run folder (repeatable)")
     args = parser.parse_args(argv)
     try:
         return report(args, levels)
@@ -196,18 +221,26 @@ def report(args, levels: Optional[dict]) -> int:
         note = ", each scale at its chosen LR, held-out seeds"
         if not curves:
             notes.append(f"no chosen LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
+    if levels is None and args.from_csv is None:
+        levels, why = ngram.levels_of_runs([r.path for r in runs])
+        if why:
+            notes.append(why)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_csv is not None:
         notes.append("step-curve figures need the run folders' records: not drawn from a CSV")
     elif curves:
-        plot_losses(curves, args.out / "loss_curves.png", note)
+        plot_losses(curves, args.out / "loss_curves.png", note, levels)
         plot_vs_baseline(curves, args.baseline, args.out / "loss_vs_baseline.png", note)
         plot_diagnostics(curves, args.out / "diagnostics.png", note)
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
     if lr_runs:
-        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held)
+        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held, levels)
+    for run_dir in args.heads:
+        notes.append(draw_heads(run_dir, args.out))
     text = markdown_report(read, runs, groups, skipped, notes, args.loss, args.baseline,
                            lr_runs, pairs, levels, plan)
+    if levels:
+        text = ngram.above_every_table(text, ngram.levels_line(levels))
     if args.from_csv is None:
         write_runs_csv(runs, args.out / "runs.csv", args.loss, levels)
     (args.out / "results.md").write_text(text)

@@ -243,7 +243,7 @@ def test_sqrt_dk_equals_torch_multihead_attention(mode):
 
 D_HEAD = 16  # distinguishes every variant: 1/4, 1, 1/16, 1/8 ...
 EXPECTED_SCALE = {"sqrt_dk": 0.25, "none": 1.0, "dk": 1 / 16, "constant": 1 / 8,
-                  "learned": 0.25, "qk_norm": 0.25}
+                  "learned": 0.25, "qk_norm": 0.25, "uniform": 0.0}
 
 
 @pytest.mark.parametrize("name", SCALINGS)
@@ -343,7 +343,7 @@ def factor_by_hand(mha):
     if name == "learned":
         return mha.log_scale.exp().view(-1, 1, 1)
     factor = {"sqrt_dk": D ** -0.5, "qk_norm": D ** -0.5, "none": 1.0, "dk": 1 / D,
-              "constant": 1 / mha.scaling.divisor}[name]
+              "constant": 1 / mha.scaling.divisor, "uniform": 0.0}[name]
     return torch.full((1, 1, 1), factor, dtype=torch.float64)
 
 
@@ -752,3 +752,41 @@ def test_qk_grad_norms():
     mha(torch.randn(2, 1, 12)).square().sum().backward()
     assert mha.qk_grad_norms() == (0.0, 0.0)
     assert mha.qkv.weight.grad[24:].abs().sum() > 0
+
+
+# ---------------------------------------------------------------- the uniform control
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_uniform_is_the_masked_mean_of_v_and_q_k_get_no_gradient(kind, impl, dtype):
+    """scaling=uniform: each real query row outputs the plain mean of v over its allowed keys
+    (written out as sum_j allowed_ij v_j / sum_j allowed_ij), a row with no allowed key
+    outputs 0, and the loss does not depend on q or k: their projection rows get zero
+    gradient while v's do not."""
+    B, T, H, D, C = 3, 6, 2, 4, 8
+    mha = make_mha("uniform", d_model=C, n_head=H, d_head=D, attn_impl=impl).to(dtype)
+    gen = torch.Generator().manual_seed(5)
+    x = (3.0 * torch.randn(B, T, C, generator=gen)).to(dtype)
+    kwargs = mask_kwargs(kind, B, T, gen)
+    y = mha(x, **kwargs)
+    allowed = torch.ones(B, 1, T, T, dtype=torch.bool)  # (B, 1, T, T) by hand
+    if kwargs["causal"]:
+        allowed &= torch.ones(T, T, dtype=torch.bool).tril()
+    if "valid_mask" in kwargs:
+        allowed &= kwargs["valid_mask"][:, None, None, :]
+    if "attn_mask" in kwargs:
+        allowed &= kwargs["attn_mask"]
+    with torch.no_grad():
+        v = (x @ mha.qkv.weight[2 * H * D:].T + mha.qkv.bias[2 * H * D:])  # (B, T, HD)
+        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        a = allowed.to(dtype)
+        mean = (a @ v) / a.sum(-1, keepdim=True).clamp(min=1)  # (B, H, T, D); 0 on empty rows
+        expected = mha.proj(mean.transpose(1, 2).reshape(B, T, H * D))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert (y - expected).abs().max() <= tol
+    y.square().sum().backward()
+    grad = mha.qkv.weight.grad  # rows [0, HD) q, [HD, 2HD) k, [2HD, 3HD) v
+    assert torch.count_nonzero(grad[:2 * H * D]) == 0
+    assert torch.count_nonzero(mha.qkv.bias.grad[:2 * H * D]) == 0
+    assert grad[2 * H * D:].abs().max() > 0

@@ -118,7 +118,7 @@ def test_bad_overrides_fail_when_composing(bad):
     assert bad.split("=")[0].split(".")[-1] in str(err.value) or "bogus" in str(err.value)
 
 
-@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("scaling", [*SCALINGS, "uniform"])  # uniform: the control, no sweep
 def test_each_scaling_variant_trains(tiny, tmp_path, scaling):
     run_dir = tmp_path / "run"
     summary = train.train(make_config([*tiny, f"scaling={scaling}", "trainer.max_steps=4"]),
@@ -151,6 +151,7 @@ def test_run_directory_contents(tiny, tmp_path):
     for key in ("attn_entropy", "attn_max_logit", "attn_saturated", "attn_raw_var",
                 "attn_raw_max_logit"):
         assert len(evals[-1][key]) == 2
+    assert [len(layer) for layer in evals[-1]["attn_heads"]["entropy"]] == [2, 2]
     # at initialisation q, k components have variance d_model * 0.02^2 (GPT-2's init on
     # unit-variance LayerNorm output), so Var(q.k) / d_head is that squared
     expected_raw_var = (32 * 0.02**2) ** 2

@@ -42,14 +42,20 @@ def estimate_loss(model: torch.nn.Module, batches, autocast: AbstractContextMana
 def attention_record(model: GPT, batch, device: torch.device) -> dict:
     """Per-layer attention diagnostics on `batch`: mean entropy over heads, max |logit| over
     heads, mean fraction of saturated rows over heads, and for the raw scores q.k before the
-    scale: mean Var(q.k) / d_head over heads and max |q.k| over heads."""
+    scale: mean Var(q.k) / d_head over heads and max |q.k| over heads. `attn_heads` keeps every
+    head, so that one saturating head is not averaged away: {statistic: [[per head] per layer]},
+    plus `scale`, the learned g_h = exp(log_scale[h]), for scaling=learned."""
     idx, _, valid = to_device(batch, device)
     stats = model.attention_stats(idx, valid)
+    heads = {key: [s[key].tolist() for s in stats] for key in stats[0]}
+    if model.config.scaling.name == "learned":
+        heads["scale"] = [block.attn.log_scale.detach().exp().tolist() for block in model.blocks]
     return {"attn_entropy": [s["entropy"].mean().item() for s in stats],
             "attn_max_logit": [s["max_logit"].max().item() for s in stats],
             "attn_saturated": [s["saturated"].mean().item() for s in stats],
             "attn_raw_var": [s["raw_var"].mean().item() for s in stats],
-            "attn_raw_max_logit": [s["raw_max_logit"].max().item() for s in stats]}
+            "attn_raw_max_logit": [s["raw_max_logit"].max().item() for s in stats],
+            "attn_heads": heads}
 
 
 def evaluate(run: Run, step: int, lr: float,

@@ -14,6 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
+from model.diagnostics import SATURATION_THRESHOLD
 from scripts.report import stats as st
 from scripts.report.runs import (
     eval_series,
@@ -29,7 +30,7 @@ from scripts.report.tables import DIAGNOSTICS
 # keep overlapping curves (sqrt_dk under learned) apart.
 STYLES = {"sqrt_dk": ("C0", "-", "o"), "none": ("C1", "--", "s"), "dk": ("C2", "-.", "^"),
           "constant": ("C3", ":", "D"), "learned": ("C4", (0, (6, 2)), "v"),
-          "qk_norm": ("C5", (0, (3, 1, 1, 1, 1, 1)), "P")}
+          "qk_norm": ("C5", (0, (3, 1, 1, 1, 1, 1)), "P"), "uniform": ("C8", (0, (1, 1)), "x")}
 ZOOM_FROM = 0.3  # loss panels show in full the steps past this fraction of the run
 LOG_FIELDS = {"attn_max_logit", "attn_raw_max_logit", "attn_raw_var"}
 
@@ -106,7 +107,7 @@ def panels(groups: dict) -> list[list[tuple[str, list]]]:
 
 
 def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
-                    zoom: bool = False, zero_line: bool = False) -> None:
+                    zoom: bool = False, zero_line: bool = False, levels=None) -> None:
     grid = panels(groups)
     n_cols = max(len(row) for row in grid)
     fig, axes = plt.subplots(len(grid), n_cols, figsize=(max(3.6 * n_cols + 0.6, 8.0),
@@ -141,6 +142,9 @@ def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
                 ax.set_ylabel(ylabel)
     if zoom:
         zoom_losses(axes.flat[0], groups, series_of)
+    for ax in axes.flat:
+        if levels and ax.axison:
+            reference_lines(ax, levels)
     legend(fig, axes)
     context = " (grey: the other scales)" if per_scale else ""
     fig.suptitle(f"{title}{context}\n{seeds_note(groups)}", fontsize=10)
@@ -179,10 +183,30 @@ def legend(fig, axes) -> None:
                    ncol=min(len(order), fits), fontsize=8, frameon=False)
 
 
-def plot_losses(groups, path: Path, note: str) -> None:
+def reference_lines(ax, levels: dict[str, float]) -> None:
+    """The n-gram reference levels (scripts/report/ngram.py) as labelled horizontal lines;
+    a level outside the panel's y-range is named in its corner instead, so the zoom stays."""
+    lo, hi = ax.get_ylim()
+    off = []
+    for name, value in levels.items():
+        if lo <= value <= hi:
+            ax.axhline(value, color="0.35", lw=0.9, ls=(0, (1, 2)), zorder=1)
+            ax.text(0.99, value, f"{name} {value:.2f}", transform=ax.get_yaxis_transform(),
+                    ha="right", va="bottom", fontsize=9, color="0.3")
+        else:
+            off.append(f"{name} {value:.2f} {'above' if value > hi else 'below'}")
+    if off:
+        ax.text(0.99, 0.98, "\n".join(off), transform=ax.transAxes, ha="right", va="top",
+                fontsize=9, color="0.3")
+    ax.set_ylim(lo, hi)
+
+
+def plot_losses(groups, path: Path, note: str, levels=None) -> None:
+    """Validation loss per setting; `levels`: the n-gram reference levels to draw, if any."""
     small_multiples(groups, lambda r: eval_series(r, "val_loss", None),
                     "val loss (nats)", f"Validation loss on the sampled batches{note};"
-                    f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training", path, zoom=True)
+                    f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training", path,
+                    zoom=True, levels=levels)
 
 
 def plot_vs_baseline(groups, baseline: str, path: Path, note: str) -> None:
@@ -283,3 +307,73 @@ def plot_qk_grads(groups, path: Path, note: str) -> None:
     rows = [(f"{s}_grad_norm", f"|grad W_{s}|\n(mean over layers)",
              lambda r, s=s: record_series(r, f"{s}_grad_norm"), True) for s in ("q", "k")]
     stat_grid(groups, rows, f"Gradient norm of the q and k projections{note}", path)
+
+
+# The rows of the per-head figure: attn_heads key, y label, log y.
+HEAD_ROWS = (("entropy", "entropy (nats)", False),
+             ("saturated", f"saturated rows\n(max weight > {SATURATION_THRESHOLD})", False),
+             ("max_logit", "max |logit|", True),
+             ("raw_max_logit", "max |q.k|, raw", True),
+             ("raw_var", "Var(q.k) / d_head, raw", True),
+             ("scale", "learned scale g_h", False))
+
+
+def head_series(run, key: str, layer: int, head: int) -> tuple[list, list]:
+    """(steps, values) of one head's statistic over the run's eval records."""
+    points = [(e["step"], e["attn_heads"][key][layer][head]) for e in run.evals
+              if key in e.get("attn_heads", {})]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def plot_heads(run, path: Path) -> bool:
+    """Per-head attention statistics of one run (metrics.jsonl's attn_heads): a row per
+    statistic, a panel per layer, a line per head over training. Marks the entropy of uniform
+    attention over a full causal window (mean over rows i = 1..T of ln i, T = block_size) and
+    the floor of the saturated share (1/T: the first row sees one key). False if the run has
+    no attn_heads."""
+    last = next((e["attn_heads"] for e in reversed(run.evals) if "attn_heads" in e), None)
+    if last is None:
+        return False
+    rows = [row for row in HEAD_ROWS if row[0] in last]
+    n_layer, n_head = len(last["entropy"]), len(last["entropy"][0])
+    block = run.setting("model.block_size")
+    T = int(block) if block else None
+    fig, axes = plt.subplots(len(rows), n_layer, squeeze=False, sharex=True,
+                             figsize=(max(3.0 * n_layer + 1.0, 7.0), 2.0 * len(rows) + 1.3),
+                             layout="constrained")
+    for i, (key, ylabel, log) in enumerate(rows):
+        for layer in range(n_layer):
+            ax = axes[i][layer]
+            for head in range(n_head):
+                ax.plot(*head_series(run, key, layer, head), color=f"C{head % 10}", lw=1.3,
+                        label=f"head {head}")
+            if log:
+                ax.set_yscale("log")
+            else:
+                ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no "+2.548"
+            if key == "entropy" and T:
+                uniform = sum(math.log(t) for t in range(1, T + 1)) / T
+                ax.axhline(uniform, color="0.35", lw=0.9, ls=(0, (1, 2)))
+                ax.text(0.01, uniform, "uniform attention", transform=ax.get_yaxis_transform(),
+                        ha="left", va="top", fontsize=9, color="0.3")
+            if key == "saturated" and T:
+                ax.axhline(1 / T, color="0.35", lw=0.9, ls=(0, (1, 2)))
+                ax.text(0.01, 1 / T, "floor 1/T", transform=ax.get_yaxis_transform(),
+                        ha="left", va="bottom", fontsize=9, color="0.3")
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=9)
+            if i == 0:
+                ax.set_title(f"layer {layer}", fontsize=10)
+            if layer == 0:
+                ax.set_ylabel(ylabel, fontsize=9)
+        share_y(axes[i])
+    for ax in axes[-1]:
+        ax.set_xlabel("step", fontsize=9)
+    handles, texts = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, texts, loc="outside lower center", ncol=min(n_head, 8), fontsize=9,
+               frameon=False)
+    fig.suptitle(f"Attention per head: {run.path.name} ({run.variant}); fixed validation batch"
+                 f"{f', block_size {T}' if T else ''}", fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from scripts.report import stats as st
-from scripts.report.figures import legend, share_y, style
+from scripts.report.figures import legend, reference_lines, share_y, style
 from scripts.report.runs import LR_KEY, group_runs, label, setting_of, setting_order, variant_rank
 
 
@@ -25,10 +25,11 @@ def setting_axis(settings: list[tuple]):
     return list(range(len(settings))), "setting", False
 
 
-def plot_lr(lr_runs, which: str, path: Path, held: dict) -> None:
+def plot_lr(lr_runs, which: str, path: Path, held: dict, levels=None) -> None:
     """Top: loss vs LR, one panel per setting. Bottom: best LR, loss at the chosen LR on the
     held-out seeds (held: stats.held_out of these runs) and LR sensitivity against the
-    setting (the head width in lr_transfer)."""
+    setting (the head width in lr_transfer). `levels`: the n-gram reference levels drawn on the
+    loss panels, if any."""
     variants = group_runs(lr_runs, drop=(LR_KEY,))
     tables = {k: st.lr_table(g, which) for k, g in variants.items()}
     settings = sorted({setting_of(k) for k in variants}, key=setting_order)
@@ -48,6 +49,8 @@ def plot_lr(lr_runs, which: str, path: Path, held: dict) -> None:
     for ax in axes[0][len(settings):]:
         ax.axis("off")
     summary_panels(axes[1], tables, settings, held)
+    for ax in [*axes[0][:len(settings)], axes[1][1]] if levels else ():
+        reference_lines(ax, levels)
     for ax in axes[1][3:]:
         ax.axis("off")
     legend(fig, axes)

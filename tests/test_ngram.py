@@ -1,0 +1,158 @@
+"""scripts/report/ngram.py and scripts/baselines.py: the add-k n-gram reference levels against
+counts written out by hand, k chosen on train's held-out tail (not on validation), chunked
+counting equal to one chunk, the baselines.json cache, and bigram < unigram on real English."""
+
+import json
+import math
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from scripts import baselines
+from scripts.prepare_data import load_config
+from scripts.report import ngram
+
+EOT, V = 1, 4  # ids: 0 pad, 1 EOT, 2 "a", 3 "b"
+TRAIN = [2, 3, 2, 2, 3, 1, 2, 3, 2, 3]
+VAL = [2, 3, 3, 1]
+
+# Real English (the Gettysburg Address and the opening of the Declaration of Independence).
+ENGLISH_TRAIN = """\
+When in the Course of human events, it becomes necessary for one people to dissolve the
+political bands which have connected them with another, and to assume among the powers of the
+earth, the separate and equal station to which the Laws of Nature and of Nature's God entitle
+them, a decent respect to the opinions of mankind requires that they should declare the causes
+which impel them to the separation.
+We hold these truths to be self-evident, that all men are created equal, that they are endowed
+by their Creator with certain unalienable Rights, that among these are Life, Liberty and the
+pursuit of Happiness. That to secure these rights, Governments are instituted among Men,
+deriving their just powers from the consent of the governed, That whenever any Form of
+Government becomes destructive of these ends, it is the Right of the People to alter or to
+abolish it, and to institute new Government, laying its foundation on such principles and
+organizing its powers in such form, as to them shall seem most likely to effect their Safety
+and Happiness. Prudence, indeed, will dictate that Governments long established should not be
+changed for light and transient causes; and accordingly all experience hath shewn, that mankind
+are more disposed to suffer, while evils are sufferable, than to right themselves by abolishing
+the forms to which they are accustomed. But when a long train of abuses and usurpations,
+pursuing invariably the same Object evinces a design to reduce them under absolute Despotism,
+it is their right, it is their duty, to throw off such Government, and to provide new Guards
+for their future security.
+"""
+ENGLISH_VAL = """\
+Four score and seven years ago our fathers brought forth on this continent, a new nation,
+conceived in Liberty, and dedicated to the proposition that all men are created equal.
+Now we are engaged in a great civil war, testing whether that nation, or any nation so
+conceived and so dedicated, can long endure. We are met on a great battle-field of that war.
+We have come to dedicate a portion of that field, as a final resting place for those who here
+gave their lives that that nation might live. It is altogether fitting and proper that we
+should do this.
+"""
+
+
+def fake_data(train, val, bytes_per_token=2.0, vocab=V):
+    """What ngram.compute reads of a PreparedData."""
+    return SimpleNamespace(vocab_size=vocab, eot_id=EOT, train=np.array(train, np.uint16),
+                           val=np.array(val, np.uint16),
+                           meta={"bytes_per_token": {"val": bytes_per_token}})
+
+
+def test_three_levels_by_hand():
+    """k = 0.5 (a one-value grid), V = 4; every split is preceded by EOT EOT.
+    Unigram counts of TRAIN: a 5, b 4, EOT 1 (N 10).
+    Bigram counts (EOT before the first token): EOT a 2, a b 4, b a 2, a a 1, b EOT 1.
+    Trigram counts: EOT EOT a 1, EOT a b 2, a b a 2, b a a 1, a a b 1, a b EOT 1, b EOT a 1,
+    b a b 1. VAL = a b b EOT is scored token by token."""
+    k = 0.5
+    result = ngram.compute(fake_data(TRAIN, VAL), ngram.Settings(k_grid=(k,)))
+    unigram = -(math.log(5.5 / 12) + 2 * math.log(4.5 / 12) + math.log(1.5 / 12)) / 4
+    # P(a | EOT) = 2.5/4, P(b | a) = 4.5/7, P(b | b) = 0.5/5, P(EOT | b) = 1.5/5
+    bigram = -(math.log(2.5 / 4) + math.log(4.5 / 7) + math.log(0.5 / 5) + math.log(1.5 / 5)) / 4
+    # P(a | EOT EOT) = 1.5/3, P(b | EOT a) = 2.5/4, P(b | a b) = 0.5/5, P(EOT | b b) = 0.5/2
+    trigram = -(math.log(1.5 / 3) + math.log(2.5 / 4) + math.log(0.5 / 5)
+                + math.log(0.5 / 2)) / 4
+    expected = {"unigram": unigram, "bigram": bigram, "trigram": trigram}
+    assert result["nats_per_token"] == pytest.approx(expected, rel=1e-12)
+    assert result["bits_per_byte"] == pytest.approx(
+        {name: v / math.log(2) / 2.0 for name, v in expected.items()}, rel=1e-12)
+    assert result["distinct"] == {"unigram": 3, "bigram": 5, "trigram": 8}
+    assert result["k"] == {"unigram": k, "bigram": k, "trigram": k}
+
+
+def unigram_loss(fit, scored, k):
+    """Mean -ln P of `scored` under add-k unigram counts of `fit`, by Counter."""
+    counts = Counter(fit)
+    return -sum(math.log((counts[t] + k) / (len(fit) + k * V)) for t in scored) / len(scored)
+
+
+def test_k_is_chosen_on_the_held_out_tail_of_train():
+    """The head of train has only a and b; its tail (the last 10%) and validation differ:
+    the tail holds EOTs, which the head never saw (a large k pays), while validation is like
+    the head (a small k pays). The chosen k is the tail's, not validation's."""
+    train = [2, 3] * 45 + [1] * 10  # 100 tokens, the last 10 held out
+    val = [2, 3] * 20
+    grid = ngram.K_GRID
+    result = ngram.compute(fake_data(train, val))
+    on_tail = min(grid, key=lambda k: unigram_loss(train[:90], train[90:], k))
+    on_val = min(grid, key=lambda k: unigram_loss(train, val, k))
+    assert on_tail != on_val
+    assert result["k"]["unigram"] == on_tail
+    assert result["held_out_tokens"] == 10
+    assert result["nats_per_token"]["unigram"] == pytest.approx(
+        unigram_loss(train, val, on_tail), rel=1e-12)
+
+
+@pytest.fixture
+def english(tmp_path):
+    """A DataConfig of the English text above (data=text, char), cached under tmp_path."""
+    (tmp_path / "train.txt").write_text(ENGLISH_TRAIN)
+    (tmp_path / "val.txt").write_text(ENGLISH_VAL)
+    return load_config(["data=text", f"data.train_files=[{tmp_path}/train.txt]",
+                        f"data.val_files=[{tmp_path}/val.txt]",
+                        f"data.cache_dir={tmp_path}/cache"])
+
+
+def test_bigram_beats_unigram_on_real_english_and_chunks_change_nothing(english):
+    data = ngram.prepare(english, progress=False)
+    whole = ngram.compute(data, chunk=1 << 20)
+    assert len(data.train) < 1 << 20  # one chunk
+    assert whole["nats_per_token"]["bigram"] < whole["nats_per_token"]["unigram"] - 0.3
+    for chunk in (1, 7, 100):
+        chunked = ngram.compute(data, chunk=chunk)
+        assert chunked["nats_per_token"] == pytest.approx(whole["nats_per_token"], rel=1e-12)
+        assert chunked["k"] == whole["k"] and chunked["distinct"] == whole["distinct"]
+
+
+def test_cache_hit_and_reference_levels_of_a_run_dir(english, tmp_path, monkeypatch, capsys):
+    overrides = ["data=text", f"data.train_files={list(english.train_files)}".replace("'", ""),
+                 f"data.val_files={list(english.val_files)}".replace("'", ""),
+                 f"data.cache_dir={english.cache_dir}"]
+    assert baselines.main(overrides) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("computed: ") and "unigram" in first
+    data = ngram.prepare(english, progress=False)
+    stored = json.loads((data.folder / ngram.FILE).read_text())
+
+    def no_compute(*args, **kwargs):
+        raise AssertionError("recomputed although baselines.json is cached")
+    monkeypatch.setattr(ngram, "compute", no_compute)
+    assert baselines.main(overrides) == 0
+    assert capsys.readouterr().out.startswith("cached: ")
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(
+        "data:\n" + "".join(f"  {key}: {json.dumps(value)}\n"
+                            for key, value in vars(english).items()))
+    for source in (run_dir, english):
+        assert ngram.reference_levels(source) == stored["nats_per_token"]
+    # other settings (a cap) make the cached file stale: computed again
+    monkeypatch.undo()
+    assert baselines.main([*overrides, "--max-train-tokens", "500"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("computed: ") and "capped: only the first 500 of" in out
+    # the report takes the cached file whatever its settings: the capped levels, not recomputed
+    capped = json.loads((data.folder / ngram.FILE).read_text())["nats_per_token"]
+    assert capped != stored["nats_per_token"]
+    monkeypatch.setattr(ngram, "compute", no_compute)
+    assert ngram.reference_levels(english) == capped
