@@ -156,7 +156,9 @@ def test_shrunken_preset_runs_end_to_end_and_reports(name, tmp_path):
         full = summary.get("final_val_loss_full")
         want = (f"| {full:.4f} (n=1) |" if full is not None
                 else "| missing: 1 of 1 runs lack final_val_loss_full |")
-        assert any(want in r for r in rows), (run.name, table)
+        # a 2-step run ends above the corpus's unigram level: failed, listed, left out of means
+        failed = table.split("## Failed runs")[1] if "## Failed runs" in table else ""
+        assert any(want in r for r in rows) or run.name in failed, (run.name, table)
     if name == "lr_transfer":
         assert (out / "lr_transfer.png").stat().st_size > 0
         lr_rows = [r for r in table.split("## Learning rate")[1].splitlines()
