@@ -207,11 +207,13 @@ def end_job(code: int, run_dir: Path) -> NoReturn:
     does not stop the others, and a stopped one lets the launcher collect them all."""
     if not is_sweep_job() or (launcher_name() == "basic" and code > 128):
         sys.exit(code)
-    what = (f"stopped by {signal.Signals(code - 128).name} (exit code {code})" if code > 128
-            else f"failed with exit code {code} (its error is printed above)")
-    raise JobFailed(f"sweep job {shown(run_dir)} {what}; the sweep's other jobs ran on. "
-                    "A job without summary.json did not finish: resume the sweep with "
-                    "trainer.resume=auto and its hydra.sweep.dir to continue it.")
+    what = (f"stopped by {signal.Signals(code - 128).name} (exit code {code}), as was every "
+            "job then running" if code > 128 else
+            f"failed with exit code {code} (its error is printed above); the sweep's other jobs "
+            "ran on")
+    raise JobFailed(f"sweep job {shown(run_dir)} {what}. A job without summary.json did not "
+                    "finish: run the sweep again with trainer.resume=auto and its "
+                    "hydra.sweep.dir to continue it.")
 
 
 def skip_if_sweep_stopped(run_dir: Path) -> None:
