@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 from test_train import CONFIGS, ROOT, make_config, records, tiny  # noqa: F401 (tiny: fixture)
 
+import train
 from trainer import launch
 from trainer.build import MAX_AUTO_THREADS, choose_threads
 from trainer.resume import resume_commands
@@ -201,3 +202,51 @@ def test_joblib_sweep_stops_on_sigterm_and_resumes_each_job_once(tiny, tmp_path)
         assert json.loads((run / "summary.json").read_text())["steps"] == steps
         assert len(json.loads((run / "run.json").read_text())["segments"]) == (2 if n < 2 else 1)
     assert len(job_dirs(sweep)) == 4 and not (sweep / launch.STOP_MARKER).exists()
+
+
+def submitit_tasks(sweep: Path) -> list[int]:
+    """The processes that run this sweep's submitit jobs (submitit.core._submit)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in args and any(str(sweep).encode() in a for a in args):
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the job processes in /proc")
+def test_submitit_requeue_signal_resumes_bit_identically(tiny, tmp_path):  # noqa: F811
+    """2 jobs under submitit's local executor; each is sent submitit's time-limit signal
+    (SIGUSR2) while it trains: it writes last.pt, is requeued by submitit, continues with
+    trainer.resume=auto in its own folder and ends with the losses of an uninterrupted run."""
+    sweep, steps = tmp_path / "sweep", 400
+    common = [*tiny, f"trainer.max_steps={steps}", "trainer.eval_every=200",
+              "trainer.ckpt_every=200"]
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", "-m", *common, "trainer.seed=1,2", "trainer.resume=auto",
+         "hydra/launcher=submitit_local", "hydra.sweep.subdir=${hydra.job.num}",
+         f"hydra.sweep.dir={sweep}"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    wait_for(lambda: all(trained(sweep / str(n)) for n in (0, 1)), "both jobs training")
+    tasks = submitit_tasks(sweep)
+    assert len(tasks) == 2
+    for pid in tasks:
+        os.kill(pid, signal.SIGUSR2)
+    _, stderr = proc.communicate(timeout=400)
+    assert proc.returncode == 0, stderr
+    for n, seed in enumerate((1, 2)):
+        run = sweep / str(n)
+        first, *rest = json.loads((run / "run.json").read_text())["segments"]
+        assert first["ended"] == "interrupted" and first["end_step"] < steps
+        assert [s["ended"] for s in rest] == ["finished"]   # requeued once, then done
+        train.train(make_config([*common, f"trainer.seed={seed}"]), tmp_path / f"straight{n}")
+        for kind, key in (("train", "loss"), ("eval", "val_loss")):
+            resumed, straight = records(run, kind), records(tmp_path / f"straight{n}", kind)
+            assert [r["step"] for r in resumed] == [r["step"] for r in straight]
+            assert [r[key] for r in resumed] == [r[key] for r in straight]   # bit for bit
+    logs = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
+    assert logs.count("stopped by SIGUSR2") == 2 and "Requeued job" in logs
