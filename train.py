@@ -36,6 +36,7 @@ from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world
 from trainer.evaluate import describe, describe_full, evaluate, evaluate_full, write_samples
 from trainer.launch import (
     end_job,
+    export_submitit_ranks,
     launcher_name,
     requeue_if_preempted,
     skip_if_sweep_stopped,
@@ -193,6 +194,7 @@ class Clock:
 def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    export_submitit_ranks()   # a submitit job of several tasks: torchrun's variables
     if "RANK" in os.environ and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() and
                                 cfg.trainer.device != "cpu" else "gloo")

@@ -250,3 +250,20 @@ def test_submitit_requeue_signal_resumes_bit_identically(tiny, tmp_path):  # noq
             assert [r[key] for r in resumed] == [r[key] for r in straight]   # bit for bit
     logs = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
     assert logs.count("stopped by SIGUSR2") == 2 and "Requeued job" in logs
+
+
+@pytest.mark.slow
+def test_submitit_tasks_train_data_parallel_like_torchrun(tiny, tmp_path):  # noqa: F811
+    """hydra.launcher.tasks_per_node=2: submitit's two processes become DDP ranks 0 and 1
+    (TorchDistributedEnvironment) and match the one-process losses, as torchrun does."""
+    args = [*tiny, "trainer.max_steps=6", "trainer.eval_every=3", "trainer.grad_accum=2"]
+    sweep = tmp_path / "sweep"
+    out = cli(["-m", *args, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+               "hydra.sweep.subdir=job", f"hydra.sweep.dir={sweep}"])
+    assert out.returncode == 0, out.stderr
+    train.train(make_config(args), tmp_path / "one")
+    assert json.loads((sweep / "job" / "run.json").read_text())["world_size"] == 2
+    for kind, key in (("train", "loss"), ("eval", "val_loss")):
+        one, two = records(tmp_path / "one", kind), records(sweep / "job", kind)
+        assert [r["step"] for r in one] == [r["step"] for r in two]
+        assert [r[key] for r in two] == pytest.approx([r[key] for r in one], abs=1e-5)

@@ -244,3 +244,17 @@ def requeue_if_preempted(signum: int, resume: Optional[str]) -> None:
               "its checkpoint", file=sys.stderr)
         return
     handler(signum, None)
+
+
+def export_submitit_ranks() -> None:
+    """In a submitit job of several tasks (tasks_per_node x nodes, one process per GPU), set
+    the variables torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT) from submitit's job environment, so that train.py's data parallelism runs as
+    under torchrun. Every task runs Hydra's job function; only rank 0 writes the run folder."""
+    if not launcher_name().startswith("submitit") or "RANK" in os.environ:
+        return
+    import submitit
+
+    if submitit.JobEnvironment().num_tasks > 1:
+        # each process picks its own GPU by LOCAL_RANK (trainer.build.pick_device)
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
