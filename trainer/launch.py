@@ -57,7 +57,7 @@ def jobs_at_once() -> Optional[int]:
     hydra/launcher=joblib: the smaller of hydra.launcher.n_jobs (joblib's meaning: -1 every
     core, -2 all but one, ...) and the number of jobs in the sweep. None for any other launcher
     (a single run, Hydra's serial launcher, a submitit job, which has its own cores)."""
-    if launcher_name() != "joblib":
+    if launcher_name() != "joblib" or not is_sweep_job():   # a single run ignores launchers
         return None
     import joblib
 
