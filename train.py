@@ -34,12 +34,30 @@ from model.errors import ConfigError, UserError
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world_size
 from trainer.evaluate import describe, describe_full, evaluate, evaluate_full, write_samples
+from trainer.launch import (
+    end_job,
+    export_submitit_ranks,
+    launcher_name,
+    requeue_if_preempted,
+    skip_if_sweep_stopped,
+    stopped_sweep,
+)
 from trainer.loggers import LoggerConfig, require
-from trainer.resume import finished, overrides, resume_commands, resume_path, shown
+from trainer.resume import (
+    WHOLE_SWEEP,
+    finished,
+    overrides,
+    resume_commands,
+    resume_path,
+    shown,
+    sweep_command,
+)
 from trainer.run_dir import RunDir, remove_if_unstarted, summarize
 from trainer.schema import TrainerConfig, register_configs
-from trainer.signals import Diverged, Interrupted, StopSignal
+from trainer.signals import Diverged, Interrupted, StopSignal, stop_requested
 from trainer.step import train_step
+
+SCRIPT = shown(Path(__file__))   # train.py as the printed resume commands run it
 
 
 def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
@@ -177,6 +195,7 @@ class Clock:
 def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    export_submitit_ranks()   # a submitit job of several tasks: torchrun's variables
     if "RANK" in os.environ and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() and
                                 cfg.trainer.device != "cpu" else "gloo")
@@ -187,21 +206,23 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         # a missing logger package fails here, on every process, before any data is prepared
         require(LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True)))
+        skip_if_sweep_stopped(run_dir)
         summary = train(cfg, run_dir)
     except UserError as err:
         if rank == 0:
             remove_if_unstarted(run_dir)
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        sys.exit(2)
+        end_job(2, run_dir)
     except Interrupted as err:
         if rank == 0:
-            how = "".join(f"\nResume {what} with:\n  {command}"
-                          for what, command in resume_commands(run_dir, world))
+            how = "".join(f"\nResume {what} with:\n  {command}" for what, command in
+                          resume_commands(run_dir, world, SCRIPT, launcher_name() == "basic"))
             print(f"{err}; checkpoint {err.checkpoint}.{how}", file=sys.stderr)
-        sys.exit(128 + err.signum)
+        requeue_if_preempted(err.signum, cfg.trainer.resume)
+        end_job(128 + err.signum, run_dir)
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(3)
+        end_job(3, run_dir)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -290,7 +311,14 @@ def main() -> None:
         sys.argv = [a for a in sys.argv if not a.startswith(("hydra.run.dir=",
                                                              "hydra.output_subdir="))]
         sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null"]
-    hydra_main()
+    try:
+        hydra_main()
+    finally:
+        stopped = stopped_sweep()   # a parallel sweep stopped by a signal (trainer.launch)
+        if stopped is not None:
+            print(f"Resume {WHOLE_SWEEP} with:\n  {sweep_command(stopped, SCRIPT)}",
+                  file=sys.stderr)
+            sys.exit(128 + stop_requested())
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def test_preset_is_a_multirun_of_three_seeds_into_its_own_folder(name):
     assert sweep_values(cfg, "trainer.seed") == ["1", "2", "3"]
     lines = header(name)
     assert lines[1] == f"# python train.py experiment={name}"
+    assert lines[2] == f"# python train.py experiment={name} hydra/launcher=joblib"
     assert any(line.startswith("# Wall time:") for line in lines)
     assert any(line.startswith(f"# Report: python scripts/plot_runs.py multirun/{name}/<time> ")
                for line in lines)

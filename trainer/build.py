@@ -22,6 +22,7 @@ from data.prepare import PreparedData, prepare
 from model.attention import ScalingConfig
 from model.errors import UserError
 from model.gpt import GPT, GPTConfig
+from trainer.launch import jobs_at_once
 from trainer.schema import OptimConfig, TrainerConfig
 
 # Evaluation batches are drawn with this seed, whatever trainer.seed: every run of a sweep is
@@ -50,6 +51,7 @@ class Compute:
     device: torch.device
     precision: str             # what trainer.precision resolved to: fp32 | bf16 | fp16
     autocast: AbstractContextManager   # torch.autocast, or nullcontext for fp32
+    threads_chosen: str = ""   # how trainer.threads=auto chose torch's thread count
 
 
 @dataclass
@@ -92,13 +94,14 @@ def build(cfg: DictConfig) -> Run:
     if train_cfg.batch_size % world:
         raise UserError(f"trainer.batch_size={train_cfg.batch_size} must be a multiple of the "
                         f"number of processes ({world}): the global batch is split evenly.")
-    threads = thread_count(train_cfg.threads)
+    threads, threads_chosen = choose_threads(train_cfg.threads, jobs_at_once())
     if threads is not None:
         torch.set_num_threads(threads)
     device = pick_device(train_cfg.device)
     amp = autocast_dtype(train_cfg.precision, device)
     compute = Compute(rank, world, device, precision_name(amp),
-                      torch.autocast(device.type, dtype=amp) if amp else nullcontext())
+                      torch.autocast(device.type, dtype=amp) if amp else nullcontext(),
+                      threads_chosen)
 
     data = prepare(data_cfg)
     model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=ScalingConfig(**c["scaling"]),
@@ -155,16 +158,32 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def thread_count(threads) -> Optional[int]:
-    """trainer.threads as a number (None: leave torch's count alone). auto: OMP_NUM_THREADS
-    if set, else the available cores shared by this machine's processes (torchrun's
-    LOCAL_WORLD_SIZE), at most MAX_AUTO_THREADS."""
+def thread_count(threads, jobs: Optional[int] = None) -> Optional[int]:
+    """trainer.threads as a number (None: leave torch's count alone); see choose_threads."""
+    return choose_threads(threads, jobs)[0]
+
+
+def choose_threads(threads, jobs: Optional[int] = None) -> tuple[Optional[int], str]:
+    """trainer.threads as a number, and how it was chosen (the start line prints it).
+
+    auto: OMP_NUM_THREADS if set, else the available cores shared by this machine's processes
+    (torchrun's LOCAL_WORLD_SIZE), at most MAX_AUTO_THREADS. In a joblib sweep `jobs` is how
+    many of its jobs run at once (trainer.launch.jobs_at_once): the cores are shared among them
+    instead, so that jobs x threads <= cores, and OMP_NUM_THREADS is not read (joblib sets it
+    in its workers itself)."""
     if threads != "auto":
-        return threads
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]):
-        return int(os.environ["OMP_NUM_THREADS"])
-    per_process = available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, min(MAX_AUTO_THREADS, per_process))
+        return threads, ""
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if jobs is None and omp.isdigit() and int(omp):
+        return int(omp), f"trainer.threads=auto: OMP_NUM_THREADS={int(omp)}"
+    cores, sharing = available_cores(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    how = f"trainer.threads=auto: {cores} core(s) available"
+    if jobs is not None:
+        sharing = jobs
+        how += f" / {jobs} sweep job(s) at once (hydra.launcher.n_jobs)"
+    elif sharing > 1:
+        how += f" / {sharing} torchrun process(es)"
+    return max(1, min(MAX_AUTO_THREADS, cores // sharing)), f"{how}, at most {MAX_AUTO_THREADS}"
 
 
 def pick_device(name: str) -> torch.device:

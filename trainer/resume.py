@@ -61,26 +61,38 @@ def hydra_quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def resume_commands(run_dir: Path, world: int) -> list[tuple[str, str]]:
+def resume_commands(run_dir: Path, world: int, script: str,
+                    whole_sweep: bool = True) -> list[tuple[str, str]]:
     """(what, shell command) pairs that continue this run: the job alone, in its own folder
     (hydra.mode=RUN: a preset's MULTIRUN would ignore hydra.run.dir; hydra.output_subdir=null
-    keeps the job's .hydra/ as its first segment wrote it), and, in a sweep, the whole sweep
-    (its command again with trainer.resume=auto in the same sweep folder)."""
+    keeps the job's .hydra/ as its first segment wrote it), and, in a sweep whose jobs run in
+    this process (whole_sweep), the whole sweep (sweep_command). `script` is train.py's path."""
     hc = HydraConfig.get()
-    launcher = (["python", sys.argv[0]] if world == 1 else
-                ["torchrun", "--standalone", f"--nproc_per_node={world}", sys.argv[0]])
+    launcher = python_launcher(script, world)
     own = ("trainer.resume=", "hydra.mode=", "hydra.run.", "hydra.sweep.", "hydra.sweeper.",
-           "hydra.output_subdir=")
+           "hydra.output_subdir=", "hydra/launcher=", "hydra.launcher.")
     job = [*launcher, *(o for o in hc.overrides.task if not o.startswith(own)),
            *(o for o in hc.overrides.hydra if not o.startswith(own)),
            "trainer.resume=auto", "hydra.mode=RUN", "hydra.output_subdir=null",
            f"hydra.run.dir={hydra_quoted(shown(run_dir))}"]
     commands = [("this run", shlex.join(job))]
-    if hc.mode == RunMode.MULTIRUN:
-        again = [a for a in sys.argv[1:] if not a.startswith(("trainer.resume=",
-                                                                "hydra.sweep.dir="))]
-        sweep = [*launcher, *again, "trainer.resume=auto",
-                 f"hydra.sweep.dir={hydra_quoted(shown(Path(hc.sweep.dir)))}"]
-        commands.append(("the whole sweep (finished jobs are skipped, the others continue or "
-                         "start)", shlex.join(sweep)))
+    if hc.mode == RunMode.MULTIRUN and whole_sweep:
+        commands.append((WHOLE_SWEEP, sweep_command(Path(hc.sweep.dir), script, world)))
     return commands
+
+
+WHOLE_SWEEP = "the whole sweep (finished jobs are skipped, the others continue or start)"
+
+
+def python_launcher(script: str, world: int) -> list[str]:
+    return (["python", script] if world == 1 else
+            ["torchrun", "--standalone", f"--nproc_per_node={world}", script])
+
+
+def sweep_command(sweep_dir: Path, script: str, world: int = 1) -> str:
+    """The command that continues a whole sweep: this process's command line again (its
+    launcher, e.g. hydra/launcher=joblib, included) with trainer.resume=auto and the sweep
+    folder. Called in the process that launched the sweep."""
+    again = [a for a in sys.argv[1:] if not a.startswith(("trainer.resume=", "hydra.sweep.dir="))]
+    return shlex.join([*python_launcher(script, world), *again, "trainer.resume=auto",
+                       f"hydra.sweep.dir={hydra_quoted(shown(sweep_dir))}"])

@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from model.errors import UserError
-from trainer.build import MAX_AUTO_THREADS, Run, available_cores
+from trainer.build import Run
 from trainer.loggers import LoggerConfig, open_logger
 
 HYDRA_FILES = {".hydra"}   # what Hydra writes into a run directory before train.py starts
@@ -197,8 +197,7 @@ def start_line(run: Run, resumed_from: Optional[Path]) -> str:
             f"{data.vocab_size}; model {run.state.model.num_params() / 1e6:.2f}M parameters, "
             f"attention {run.state.model.attention_name}; "
             f"{compute.device} {compute.precision}, {torch.get_num_threads()} thread(s)"
-            + (f" (trainer.threads=auto: {available_cores()} core(s) available, at most "
-               f"{MAX_AUTO_THREADS})" if train_cfg.threads == "auto" else "")
+            + (f" ({compute.threads_chosen})" if compute.threads_chosen else "")
             + f" x {compute.world} process(es)"
             + (f"; resuming from {resumed_from} at step {run.state.progress.step}"
                if resumed_from else "")
