@@ -183,9 +183,10 @@ class RunDir:
 def start_line(run: Run, resumed_from: Optional[Path]) -> str:
     """What is about to run: data, model size, device, precision, threads, processes."""
     data, compute, train_cfg = run.data, run.compute, run.config.train_cfg
-    sizes = (data.describe() if hasattr(data, "describe") else
+    sizes = (data.describe() if isinstance(data, RecallData) else
              f"{len(data.train):,} train / {len(data.val):,} val tokens, vocab {data.vocab_size}")
-    return (f"data {run.config.data_cfg.name}: {sizes}; model {run.state.model.num_params() / 1e6:.2f}M parameters, "
+    return (f"data {run.config.data_cfg.name}: {sizes}; "
+            f"model {run.state.model.num_params() / 1e6:.2f}M parameters, "
             f"attention {run.state.model.attention_name}; "
             f"{compute.device} {compute.precision}, {torch.get_num_threads()} thread(s)"
             + (f" (trainer.threads=auto: {available_cores()} core(s) available, at most "
