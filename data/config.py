@@ -8,9 +8,10 @@ fails before anything is downloaded or tokenised.
 from dataclasses import dataclass
 from typing import Optional
 
+from data.recall import check_recall
 from model.errors import DataError, invalid
 
-SOURCES = ("shakespeare", "hub", "text")
+SOURCES = ("shakespeare", "hub", "text", "recall")
 TOKENIZERS = ("char", "bpe")
 PACKINGS = ("concat", "pad")
 TOKEN_DTYPES = ("auto", "uint16", "uint32")
@@ -19,6 +20,7 @@ DOCUMENTS = {
     "shakespeare": ("work",),
     "hub": ("row", "line", "paragraph", "article"),
     "text": ("file", "line", "paragraph"),
+    "recall": ("sequence",),
 }
 # Byte-level BPE needs its 256 byte symbols plus the two special tokens; uint32 ids cap the top.
 MIN_BPE_VOCAB = 256 + 2
@@ -27,7 +29,7 @@ MAX_VOCAB = 2**32 - 1
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "shakespeare"        # shakespeare | hub | text (data/sources.py)
+    source: str = "shakespeare"        # shakespeare | hub | text (data/sources.py) | recall
     name: str = "shakespeare"          # first part of the cache folder name, shown in logs
     tokenizer: str = "char"            # char (one id per character) | bpe (byte-level BPE)
     vocab_size: int = 4096             # bpe only: ids including <|pad|> (0), <|endoftext|> (1)
@@ -48,6 +50,16 @@ class DataConfig:
     shard_tokens: int = 500_000_000    # tokens per shard file (1 GB at uint16)
     bpe_sample_mb: int = 32            # bpe: MB of the training split the tokenizer learns from
     verify: bool = False               # re-read the corpus and compare it with the cache
+    # source=recall only (data/recall.py: generated sequences, docs/data.md "Recall task")
+    task: str = "copy"                 # copy (induction copy) | mqar (associative recall)
+    seq_len: int = 40                  # tokens per sequence; model.block_size must equal it
+    copy_len: int = 8                  # copy: symbols repeated after the separator
+    num_values: int = 32               # copy: symbols; mqar: value ids
+    num_keys: int = 32                 # mqar: key ids
+    num_kv_pairs: int = 8              # mqar: key-value pairs per sequence
+    power_a: float = 0.01              # mqar: query positions p(g) ~ (g+1)^(power_a-1)
+    seed: int = 0                      # the training stream and the validation set
+    val_sequences: int = 2000          # the fixed validation set
 
     def __post_init__(self):
         for key, choices, note in (
@@ -68,6 +80,8 @@ class DataConfig:
                           f"byte-level BPE needs at least {MIN_BPE_VOCAB} ids (256 bytes + pad "
                           f"+ end-of-text) and at most {MAX_VOCAB} (the uint32 token file "
                           "limit).", DataError)
+        if self.source == "recall":
+            check_recall(self)
         if self.source == "hub" and not self.hub_id:
             raise invalid("data.hub_id", self.hub_id,
                           "the hub source needs a dataset id such as 'Salesforce/wikitext' or "

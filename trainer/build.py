@@ -19,8 +19,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.batching import Batch, Batcher, fixed_batches
 from data.config import DataConfig
 from data.prepare import PreparedData, prepare
+from data.recall import EVAL_TRAIN_STREAM, RecallBatcher, RecallData, validation_batches
 from model.attention import ScalingConfig
-from model.errors import UserError
+from model.errors import ConfigError, UserError
 from model.gpt import GPT, GPTConfig
 from trainer.launch import jobs_at_once
 from trainer.schema import OptimConfig, TrainerConfig
@@ -71,7 +72,7 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    batcher: Batcher
+    batcher: Batcher           # or data.recall.RecallBatcher (the same interface)
     progress: Progress = field(default_factory=Progress)
 
 
@@ -80,7 +81,7 @@ class Run:
     config: RunConfig
     compute: Compute
     state: TrainState
-    data: PreparedData
+    data: PreparedData         # or data.recall.RecallData for data=recall
     eval_batches: dict[str, list[Batch]]   # "val", "train": the same batches every evaluation
     prompts: list[list[int]]               # token ids of trainer.sample_prompts
 
@@ -103,15 +104,12 @@ def build(cfg: DictConfig) -> Run:
                       torch.autocast(device.type, dtype=amp) if amp else nullcontext(),
                       threads_chosen)
 
-    data = prepare(data_cfg)
+    data = RecallData(data_cfg) if data_cfg.source == "recall" else prepare(data_cfg)
     model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=ScalingConfig(**c["scaling"]),
                           **c["model"])
     prompts = [data.encode(p) or [data.eot_id] for p in train_cfg.sample_prompts]  # fail early
-    batch_kw = dict(block_size=model_cfg.block_size, batch_size=train_cfg.batch_size,
-                    packing=data_cfg.packing, pad_id=data.pad_id, rank=rank, world_size=world)
-    eval_batches = {split: fixed_batches(getattr(data, split), getattr(data, f"{split}_docs"),
-                                         n_batches=train_cfg.eval_iters, seed=EVAL_SEED,
-                                         **batch_kw) for split in ("val", "train")}
+    eval_batches, batcher = make_batches(data, data_cfg, train_cfg, model_cfg.block_size,
+                                         rank, world)
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg).to(device)
     wrapped = torch.compile(model) if train_cfg.compile else model
@@ -122,10 +120,31 @@ def build(cfg: DictConfig) -> Run:
         optimizer, lambda epoch: lr_at(epoch + 1, optim_cfg, train_cfg.max_steps) / optim_cfg.lr)
     state = TrainState(
         model, wrapped, optimizer, schedule,
-        torch.amp.GradScaler(device.type, enabled=amp == torch.float16),
-        Batcher(data.train, data.train_docs, seed=train_cfg.seed, **batch_kw))
+        torch.amp.GradScaler(device.type, enabled=amp == torch.float16), batcher)
     config = RunConfig(c, model_cfg, data_cfg, optim_cfg, train_cfg)
     return Run(config, compute, state, data, eval_batches, prompts)
+
+
+def make_batches(data, data_cfg: DataConfig, train_cfg: TrainerConfig, block_size: int,
+                 rank: int, world: int) -> tuple[dict[str, list[Batch]], Batcher]:
+    """The fixed evaluation batches ("val", "train") and the training batcher of a corpus or
+    of a generated recall task (whose sequences are exactly model.block_size tokens)."""
+    if isinstance(data, RecallData):
+        if block_size != data_cfg.seq_len:
+            raise ConfigError(f"model.block_size={block_size} differs from data.seq_len="
+                              f"{data_cfg.seq_len}: a recall sequence is one block. Set "
+                              "model.block_size=${data.seq_len} (model=recall does).")
+        kw = dict(batch_size=train_cfg.batch_size, rank=rank, world_size=world)
+        train_sample = RecallBatcher(data_cfg, stream=EVAL_TRAIN_STREAM, **kw)
+        return ({"val": validation_batches(data_cfg, limit=train_cfg.eval_iters, **kw),
+                 "train": [train_sample.next() for _ in range(train_cfg.eval_iters)]},
+                RecallBatcher(data_cfg, **kw))
+    kw = dict(block_size=block_size, batch_size=train_cfg.batch_size, packing=data_cfg.packing,
+              pad_id=data.pad_id, rank=rank, world_size=world)
+    return ({split: fixed_batches(getattr(data, split), getattr(data, f"{split}_docs"),
+                                  n_batches=train_cfg.eval_iters, seed=EVAL_SEED, **kw)
+             for split in ("val", "train")},
+            Batcher(data.train, data.train_docs, seed=train_cfg.seed, **kw))
 
 
 def process_rank() -> int:

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from data.recall import RecallData, validation_batches
 from model.gpt import GPT, IGNORE_INDEX, eval_mode
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum
@@ -37,6 +38,35 @@ def estimate_loss(model: torch.nn.Module, batches, autocast: AbstractContextMana
             total += torch.stack([loss_sum, (targets != IGNORE_INDEX).sum().float()])
     loss_sum, count = all_reduce_sum(total).tolist()
     return loss_sum / count
+
+
+def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[correct, answered] over the real targets: logits (B, T, V), targets (B, T)."""
+    answered = targets != IGNORE_INDEX
+    correct = (logits.argmax(-1) == targets) & answered
+    return torch.stack([correct.sum(), answered.sum()]).float()
+
+
+@torch.no_grad()
+def estimate_accuracy(model: torch.nn.Module, batches, autocast: AbstractContextManager,
+                      device: torch.device) -> float:
+    """Share of the real targets of the batches of all processes whose most likely token (the
+    argmax of the logits) is the target: for recall, the share of answered queries right."""
+    total = torch.zeros(2, device=device)   # (correct, answered)
+    with eval_mode(model):
+        for batch in batches:
+            idx, targets, valid = to_device(batch, device)
+            with autocast:
+                logits = model(idx, valid_mask=valid)[0]
+            total += accuracy_counts(logits, targets)
+    correct, answered = all_reduce_sum(total).tolist()
+    return correct / answered
+
+
+def val_bpb(run: Run, loss: float) -> Optional[float]:
+    """Bits per byte of a validation loss; None for a generated task, which has no bytes."""
+    per_token = run.data.meta.get("bytes_per_token")
+    return bits_per_byte(loss, per_token["val"]) if per_token else None
 
 
 def attention_record(model: GPT, batch, device: torch.device) -> dict:
@@ -66,8 +96,10 @@ def evaluate(run: Run, step: int, lr: float,
     val_loss, train_loss = (estimate_loss(model, run.eval_batches[split], compute.autocast,
                                           compute.device) for split in ("val", "train"))
     record = {"kind": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss,
-              "val_bpb": bits_per_byte(val_loss, run.data.meta["bytes_per_token"]["val"]),
-              "lr": lr, "tokens_per_sec": tokens_per_sec}
+              "val_bpb": val_bpb(run, val_loss), "lr": lr, "tokens_per_sec": tokens_per_sec}
+    if isinstance(run.data, RecallData):
+        record["val_accuracy"] = estimate_accuracy(model, run.eval_batches["val"],
+                                                   compute.autocast, compute.device)
     progress.final_val_loss = val_loss
     if step == 0:
         progress.init_val_loss = val_loss
@@ -83,6 +115,8 @@ def evaluate_full(run: Run) -> dict:
     """The final model on the whole validation split (trainer/full_eval.py), capped at
     trainer.full_eval_tokens targets: summary.json's *_full fields."""
     compute, train_cfg = run.compute, run.config.train_cfg
+    if isinstance(run.data, RecallData):
+        return evaluate_recall_full(run)
     full = full_split_loss(run.state.model, run.data.val,
                            block_size=run.config.model_cfg.block_size,
                            batch_size=max(1, train_cfg.batch_size // compute.world),
@@ -90,9 +124,24 @@ def evaluate_full(run: Run) -> dict:
                            max_tokens=train_cfg.full_eval_tokens, rank=compute.rank,
                            world=compute.world)
     return {"final_val_loss_full": full.loss,
-            "final_val_bpb_full": bits_per_byte(full.loss,
-                                                run.data.meta["bytes_per_token"]["val"]),
+            "final_val_bpb_full": val_bpb(run, full.loss),
             "full_eval_targets": full.targets, "full_eval_split_targets": full.split_targets}
+
+
+def evaluate_recall_full(run: Run) -> dict:
+    """The final model on the whole recall validation set: the loss over its targets (the
+    answers) and the share of them predicted right."""
+    compute, data_cfg = run.compute, run.config.data_cfg
+    batches = validation_batches(data_cfg, batch_size=run.config.train_cfg.batch_size,
+                                 rank=compute.rank, world_size=compute.world)
+    loss = estimate_loss(run.state.model, batches, compute.autocast, compute.device)
+    accuracy = estimate_accuracy(run.state.model, batches, compute.autocast, compute.device)
+    answers = int(all_reduce_sum(torch.tensor(
+        float(sum((b.targets != IGNORE_INDEX).sum().item() for b in batches)),
+        device=compute.device)).item())
+    return {"final_val_loss_full": loss, "final_val_bpb_full": None,
+            "full_eval_targets": answers, "full_eval_split_targets": answers,
+            "final_val_accuracy": accuracy}
 
 
 def describe_full(full: dict) -> str:
@@ -100,6 +149,9 @@ def describe_full(full: dict) -> str:
     scored, total = full["full_eval_targets"], full["full_eval_split_targets"]
     cover = ("every token" if scored == total else
              f"{scored:,} of {total:,} tokens, an even fixed subset (trainer.full_eval_tokens)")
+    if "final_val_accuracy" in full:
+        return (f"whole validation set: loss {full['final_val_loss_full']:.4f}, accuracy "
+                f"{full['final_val_accuracy']:.4f} over {total:,} answers")
     return (f"whole validation split: loss {full['final_val_loss_full']:.4f} "
             f"({full['final_val_bpb_full']:.3f} bits/byte), {cover}")
 
@@ -107,8 +159,10 @@ def describe_full(full: dict) -> str:
 def describe(record: dict) -> str:
     """One line for the terminal."""
     speed = record["tokens_per_sec"]
+    val = (f"accuracy {record['val_accuracy']:.4f}" if "val_accuracy" in record
+           else f"{record['val_bpb']:.3f} bits/byte")
     return (f"step {record['step']}: train {record['train_loss']:.4f}, val "
-            f"{record['val_loss']:.4f} ({record['val_bpb']:.3f} bits/byte), lr "
+            f"{record['val_loss']:.4f} ({val}), lr "
             f"{record['lr']:.2e}" + (f", {speed:,.0f} tokens/s" if speed else ""))
 
 

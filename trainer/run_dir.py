@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from data.recall import RecallData
 from model.errors import UserError
 from trainer.build import Run
 from trainer.loggers import LoggerConfig, open_logger
@@ -153,7 +154,8 @@ class RunDir:
             atomic_write(metrics, lambda f: f.write("".join(kept).encode()))
         self.metrics = open(metrics, "a", buffering=1)   # one flushed line per record
         begin_segment(path / "run.json", run, resumed_from, overrides)
-        shutil.copyfile(run.data.tokenizer_path, path / "tokenizer.json")
+        if run.data.tokenizer_path:   # a generated recall task has no tokenizer
+            shutil.copyfile(run.data.tokenizer_path, path / "tokenizer.json")
 
     def log(self, record: dict) -> None:
         """One line of metrics.jsonl."""
@@ -192,9 +194,10 @@ class RunDir:
 def start_line(run: Run, resumed_from: Optional[Path]) -> str:
     """What is about to run: data, model size, device, precision, threads, processes."""
     data, compute, train_cfg = run.data, run.compute, run.config.train_cfg
-    return (f"data {run.config.data_cfg.name}: "
-            f"{len(data.train):,} train / {len(data.val):,} val tokens, vocab "
-            f"{data.vocab_size}; model {run.state.model.num_params() / 1e6:.2f}M parameters, "
+    sizes = (data.describe() if isinstance(data, RecallData) else
+             f"{len(data.train):,} train / {len(data.val):,} val tokens, vocab {data.vocab_size}")
+    return (f"data {run.config.data_cfg.name}: {sizes}; "
+            f"model {run.state.model.num_params() / 1e6:.2f}M parameters, "
             f"attention {run.state.model.attention_name}; "
             f"{compute.device} {compute.precision}, {torch.get_num_threads()} thread(s)"
             + (f" ({compute.threads_chosen})" if compute.threads_chosen else "")
@@ -238,6 +241,9 @@ def summarize(run: Run, step: int, tokens_per_sec: Optional[float], diverged: bo
                "n_params": run.state.model.num_params(), "diverged": diverged,
                "wall_s": p.wall_s,
                **{k: full.get(k) for k in ("final_val_loss_full", "final_val_bpb_full",
-                                           "full_eval_targets", "full_eval_split_targets")}}
+                                           "full_eval_targets", "full_eval_split_targets")},
+               # recall only: other data have no accuracy field (docs/training.md)
+               **({"final_val_accuracy": full.get("final_val_accuracy")}
+                  if isinstance(run.data, RecallData) else {})}
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in summary.items()}

@@ -1,0 +1,207 @@
+"""Synthetic recall tasks (`data=recall`): sequences a model can only answer by attending.
+
+Two generators, chosen by `data.task`; both give (inputs, targets) of shape (n, data.seq_len)
+with targets IGNORE_INDEX everywhere except where the answer is determined by an earlier token,
+so the loss and the accuracy count only those answers (docs/data.md, "Recall task").
+
+- copy (induction copy, Olsson et al. 2022): a segment of S = seq_len - copy_len distinct
+  symbols drawn from `num_values`, a separator, then the first copy_len symbols again.
+  Ids: symbols 0..V-1, separator V. Targets: at the separator and at each copied symbol, the
+  next symbol of the segment (copy_len answers per sequence).
+- mqar (multi-query associative recall, Arora et al. 2023, after HazyResearch/zoology's
+  multiquery_ar): P = num_kv_pairs pairs k_1 v_1 ... k_P v_P, then each key queried once at a
+  power-law distributed even slot of the rest; the target at a query key's position is its
+  value. Ids: 0 filler, keys 1..K, values K+1..K+V; other positions are random tokens.
+
+Batches are pure functions of (data.seed, split, step), so training is exact on resume and
+nothing is stored: the training stream draws from np.random.default_rng([seed, 0, step]), the
+validation set (val_sequences sequences, fixed) from default_rng([seed, 1]).
+"""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from data.batching import Batch
+from model.errors import DataError, invalid
+from model.gpt import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from data.config import DataConfig
+
+TASKS = ("copy", "mqar")
+TRAIN_STREAM, VAL_STREAM, EVAL_TRAIN_STREAM = 0, 1, 2
+
+
+def distinct_draws(rng: np.random.Generator, n: int, pool: int, k: int) -> np.ndarray:
+    """k distinct values of range(pool) per row, uniformly: (n, k)."""
+    return np.argsort(rng.random((n, pool)), axis=1)[:, :k]
+
+
+def copy_task(rng: np.random.Generator, n: int, seq_len: int, copy_len: int,
+              num_values: int) -> tuple[np.ndarray, np.ndarray]:
+    """Induction copy sequences: (inputs, targets), each (n, seq_len) int64."""
+    seg_len = seq_len - copy_len
+    seg = distinct_draws(rng, n, num_values, seg_len)                 # (n, S)
+    sep = np.full((n, 1), num_values)                                  # (n, 1)
+    inputs = np.concatenate([seg, sep, seg[:, :copy_len - 1]], axis=1)  # (n, S + 1 + M - 1)
+    targets = np.full_like(inputs, IGNORE_INDEX)
+    targets[:, seg_len:] = seg[:, :copy_len]   # the separator and each copy predict what follows
+    return inputs, targets
+
+
+def mqar(rng: np.random.Generator, n: int, seq_len: int, num_kv_pairs: int, num_keys: int,
+         num_values: int, power_a: float) -> tuple[np.ndarray, np.ndarray]:
+    """MQAR sequences: (inputs, targets), each (n, seq_len) int64."""
+    P, T = num_kv_pairs, seq_len
+    keys = 1 + distinct_draws(rng, n, num_keys, P)                    # (n, P)
+    values = 1 + num_keys + distinct_draws(rng, n, num_values, P)     # (n, P)
+    inputs = np.zeros((n, T), dtype=np.int64)
+    targets = np.full((n, T), IGNORE_INDEX, dtype=np.int64)
+    inputs[:, 0:2 * P:2], inputs[:, 1:2 * P:2] = keys, values
+    # query slots without replacement, p(g) ~ (g+1)^(a-1): Gumbel top-k, as Zoology's choice()
+    space = (T - 2 * P) // 2
+    logp = (power_a - 1) * np.log(np.arange(1, space + 1))
+    gumbel = logp[None, :] - np.log(-np.log(rng.random((n, space))))  # (n, space)
+    qpos = 2 * P + 2 * np.argsort(-gumbel, axis=1)[:, :P]             # (n, P) query positions
+    np.put_along_axis(inputs, qpos, keys, axis=1)
+    np.put_along_axis(targets, qpos, values, axis=1)
+    fill = rng.integers(0, vocab_size_of(num_keys, num_values, "mqar"), size=(n, T))
+    blank = inputs == 0
+    inputs[blank] = fill[blank]   # Zoology's random_non_queries: filler is any token
+    return inputs, targets
+
+
+def vocab_size_of(num_keys: int, num_values: int, task: str) -> int:
+    return num_values + 1 if task == "copy" else 1 + num_keys + num_values
+
+
+def generate(cfg: "DataConfig", rng: np.random.Generator, n: int):
+    """n sequences of cfg.task: (inputs, targets), each (n, cfg.seq_len)."""
+    if cfg.task == "copy":
+        return copy_task(rng, n, cfg.seq_len, cfg.copy_len, cfg.num_values)
+    return mqar(rng, n, cfg.seq_len, cfg.num_kv_pairs, cfg.num_keys, cfg.num_values,
+                cfg.power_a)
+
+
+def check_recall(cfg: "DataConfig") -> None:
+    """The recall knobs, validated when a DataConfig with source=recall is built."""
+    if cfg.task not in TASKS:
+        raise invalid("data.task", cfg.task, f"choose one of {', '.join(TASKS)} (copy: "
+                      "induction copy, the default; mqar: associative recall).", DataError)
+    for key in ("num_values", "num_keys", "num_kv_pairs", "seq_len", "copy_len",
+                "val_sequences"):
+        if not isinstance(getattr(cfg, key), int) or getattr(cfg, key) < 1:
+            raise invalid(f"data.{key}", getattr(cfg, key), "use a positive integer.", DataError)
+    seg_len = cfg.seq_len - cfg.copy_len
+    if cfg.task == "copy" and not cfg.copy_len <= seg_len <= cfg.num_values:
+        raise invalid("data.copy_len/seq_len", (cfg.copy_len, cfg.seq_len),
+                      "the copy task repeats the first copy_len symbols of a segment of "
+                      "seq_len - copy_len distinct symbols, so it needs copy_len <= seq_len - "
+                      f"copy_len <= data.num_values={cfg.num_values}; lower copy_len or "
+                      "seq_len, or raise num_values.", DataError)
+    if cfg.task == "mqar" and (cfg.seq_len % 2 or 4 * cfg.num_kv_pairs > cfg.seq_len or
+                               cfg.num_kv_pairs > min(cfg.num_keys, cfg.num_values)):
+        raise invalid("data.num_kv_pairs/seq_len", (cfg.num_kv_pairs, cfg.seq_len),
+                      "mqar needs an even seq_len with 4 * num_kv_pairs <= seq_len (pairs, "
+                      "then query slots with filler between) and num_kv_pairs <= num_keys "
+                      "and <= num_values (distinct keys and values).", DataError)
+    if cfg.task == "mqar" and not 0 < cfg.power_a <= 1:
+        raise invalid("data.power_a", cfg.power_a, "use a number in (0, 1] (Zoology's 0.01 "
+                      "puts most queries early; 1 spreads them evenly).", DataError)
+
+
+@dataclass
+class RecallData:
+    """What the trainer reads of a data source, for a generated task (no corpus, no cache)."""
+
+    cfg: "DataConfig"
+
+    @property
+    def vocab_size(self) -> int:
+        return vocab_size_of(self.cfg.num_keys, self.cfg.num_values, self.cfg.task)
+
+    @property
+    def pad_id(self) -> int:   # nothing is padded; generation needs an id for short prompts
+        return self.cfg.num_values if self.cfg.task == "copy" else 0
+
+    eot_id = pad_id
+    tokenizer_path = None      # ids are symbols, there is no text tokenizer to copy
+
+    @property
+    def chance(self) -> float:
+        """Accuracy of a uniform guess over the values."""
+        return 1.0 / self.cfg.num_values
+
+    @property
+    def meta(self) -> dict:
+        """run.json's `data`: the task and its sizes (no bytes: bits per byte is undefined)."""
+        answers = self.cfg.copy_len if self.cfg.task == "copy" else self.cfg.num_kv_pairs
+        return {"task": self.cfg.task, "seq_len": self.cfg.seq_len,
+                "vocab_size": self.vocab_size, "answers_per_sequence": answers,
+                "val_sequences": self.cfg.val_sequences, "chance_accuracy": self.chance}
+
+    def encode(self, text: str) -> list[int]:
+        raise DataError("The recall task has symbol ids, not text, so trainer.sample_prompts "
+                        "cannot be encoded; set trainer.sample_prompts=[] (trainer=recall does).")
+
+    def decode(self, ids) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+    def describe(self) -> str:
+        """The start line's data part: what is generated, and the chance accuracy."""
+        return (f"{self.cfg.task} sequences of {self.cfg.seq_len} tokens generated from "
+                f"data.seed={self.cfg.seed}, {self.cfg.val_sequences:,} val sequences, vocab "
+                f"{self.vocab_size}; chance accuracy 1/{self.cfg.num_values} = {self.chance:.4f}")
+
+
+def to_batch(inputs: np.ndarray, targets: np.ndarray) -> Batch:
+    return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), None)
+
+
+class RecallBatcher:
+    """Training batches of fresh sequences; batch `step` comes from rng([seed, 0, step]), so the
+    state is the step counter (the interface of data.batching.Batcher)."""
+
+    def __init__(self, cfg: "DataConfig", *, batch_size: int, rank: int = 0,
+                 world_size: int = 1, stream: int = TRAIN_STREAM):
+        self.cfg, self.batch_size, self.stream, self.step = cfg, batch_size, stream, 0
+        b = batch_size // world_size
+        self.rows = slice(rank * b, (rank + 1) * b)   # this rank's rows of the global batch
+
+    def next(self) -> Batch:
+        rng = np.random.default_rng([self.cfg.seed, self.stream, self.step])
+        self.step += 1
+        inputs, targets = generate(self.cfg, rng, self.batch_size)
+        return to_batch(inputs[self.rows], targets[self.rows])
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "seed": self.cfg.seed, "task": self.cfg.task,
+                "batch_size": self.batch_size, "seq_len": self.cfg.seq_len}
+
+    def load_state_dict(self, d: dict) -> None:
+        mine = self.state_dict()
+        diff = [k for k in mine if k != "step" and d.get(k) != mine[k]]
+        if diff:
+            raise DataError(f"The saved sampler state differs from this run in {diff}; "
+                            "resuming would not replay the same sequences. Resume with the "
+                            "same data.task, data.seed, data.seq_len and trainer.batch_size.")
+        self.step = int(d["step"])
+
+
+def validation_set(cfg: "DataConfig") -> tuple[np.ndarray, np.ndarray]:
+    """The whole validation set: val_sequences sequences from rng([seed, 1])."""
+    return generate(cfg, np.random.default_rng([cfg.seed, VAL_STREAM]), cfg.val_sequences)
+
+
+def validation_batches(cfg: "DataConfig", *, batch_size: int, rank: int = 0,
+                       world_size: int = 1, limit: int | None = None) -> list[Batch]:
+    """The validation set in batches of batch_size // world_size rows for this rank (the
+    first `limit` global batches, or all; a short last batch included)."""
+    inputs, targets = validation_set(cfg)
+    b = batch_size // world_size
+    rows = [(s + rank * b, min(s + (rank + 1) * b, len(inputs)))
+            for s in range(0, len(inputs), batch_size)[:limit]]
+    return [to_batch(inputs[lo:hi].copy(), targets[lo:hi].copy()) for lo, hi in rows if lo < hi]
