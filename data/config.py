@@ -8,9 +8,9 @@ fails before anything is downloaded or tokenised.
 from dataclasses import dataclass
 from typing import Optional
 
-from data.recall import check_recall
 from model.errors import DataError, invalid
 
+TASKS = ("copy", "mqar")
 SOURCES = ("shakespeare", "hub", "text", "recall")
 TOKENIZERS = ("char", "bpe")
 PACKINGS = ("concat", "pad")
@@ -81,7 +81,7 @@ class DataConfig:
                           f"+ end-of-text) and at most {MAX_VOCAB} (the uint32 token file "
                           "limit).", DataError)
         if self.source == "recall":
-            check_recall(self)
+            self._check_recall()
         if self.source == "hub" and not self.hub_id:
             raise invalid("data.hub_id", self.hub_id,
                           "the hub source needs a dataset id such as 'Salesforce/wikitext' or "
@@ -98,3 +98,30 @@ class DataConfig:
             raise invalid("data.val_fraction", self.val_fraction,
                           "use a fraction strictly between 0 and 1 (used by the text source "
                           "when val_files is not given).", DataError)
+
+    def _check_recall(self) -> None:
+        """The recall knobs, validated when a DataConfig with source=recall is built."""
+        if self.task not in TASKS:
+            raise invalid("data.task", self.task, f"choose one of {', '.join(TASKS)} (copy: "
+                          "induction copy, the default; mqar: associative recall).", DataError)
+        for key in ("num_values", "num_keys", "num_kv_pairs", "seq_len", "copy_len",
+                    "val_sequences"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise invalid(f"data.{key}", getattr(self, key), "use a positive integer.",
+                              DataError)
+        seg_len = self.seq_len - self.copy_len
+        if self.task == "copy" and not self.copy_len <= seg_len <= self.num_values:
+            raise invalid("data.copy_len/seq_len", (self.copy_len, self.seq_len),
+                          "the copy task repeats the first copy_len symbols of a segment of "
+                          "seq_len - copy_len distinct symbols, so it needs copy_len <= seq_len - "
+                          f"copy_len <= data.num_values={self.num_values}; lower copy_len or "
+                          "seq_len, or raise num_values.", DataError)
+        if self.task == "mqar" and (self.seq_len % 2 or 4 * self.num_kv_pairs > self.seq_len or
+                                   self.num_kv_pairs > min(self.num_keys, self.num_values)):
+            raise invalid("data.num_kv_pairs/seq_len", (self.num_kv_pairs, self.seq_len),
+                          "mqar needs an even seq_len with 4 * num_kv_pairs <= seq_len (pairs, "
+                          "then query slots with filler between) and num_kv_pairs <= num_keys "
+                          "and <= num_values (distinct keys and values).", DataError)
+        if self.task == "mqar" and not 0 < self.power_a <= 1:
+            raise invalid("data.power_a", self.power_a, "use a number in (0, 1] (Zoology's 0.01 "
+                          "puts most queries early; 1 spreads them evenly).", DataError)

@@ -25,13 +25,12 @@ import numpy as np
 import torch
 
 from data.batching import Batch
-from model.errors import DataError, invalid
+from model.errors import DataError
 from model.gpt import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from data.config import DataConfig
 
-TASKS = ("copy", "mqar")
 TRAIN_STREAM, VAL_STREAM, EVAL_TRAIN_STREAM = 0, 1, 2
 
 
@@ -84,33 +83,6 @@ def generate(cfg: "DataConfig", rng: np.random.Generator, n: int):
         return copy_task(rng, n, cfg.seq_len, cfg.copy_len, cfg.num_values)
     return mqar(rng, n, cfg.seq_len, cfg.num_kv_pairs, cfg.num_keys, cfg.num_values,
                 cfg.power_a)
-
-
-def check_recall(cfg: "DataConfig") -> None:
-    """The recall knobs, validated when a DataConfig with source=recall is built."""
-    if cfg.task not in TASKS:
-        raise invalid("data.task", cfg.task, f"choose one of {', '.join(TASKS)} (copy: "
-                      "induction copy, the default; mqar: associative recall).", DataError)
-    for key in ("num_values", "num_keys", "num_kv_pairs", "seq_len", "copy_len",
-                "val_sequences"):
-        if not isinstance(getattr(cfg, key), int) or getattr(cfg, key) < 1:
-            raise invalid(f"data.{key}", getattr(cfg, key), "use a positive integer.", DataError)
-    seg_len = cfg.seq_len - cfg.copy_len
-    if cfg.task == "copy" and not cfg.copy_len <= seg_len <= cfg.num_values:
-        raise invalid("data.copy_len/seq_len", (cfg.copy_len, cfg.seq_len),
-                      "the copy task repeats the first copy_len symbols of a segment of "
-                      "seq_len - copy_len distinct symbols, so it needs copy_len <= seq_len - "
-                      f"copy_len <= data.num_values={cfg.num_values}; lower copy_len or "
-                      "seq_len, or raise num_values.", DataError)
-    if cfg.task == "mqar" and (cfg.seq_len % 2 or 4 * cfg.num_kv_pairs > cfg.seq_len or
-                               cfg.num_kv_pairs > min(cfg.num_keys, cfg.num_values)):
-        raise invalid("data.num_kv_pairs/seq_len", (cfg.num_kv_pairs, cfg.seq_len),
-                      "mqar needs an even seq_len with 4 * num_kv_pairs <= seq_len (pairs, "
-                      "then query slots with filler between) and num_kv_pairs <= num_keys "
-                      "and <= num_values (distinct keys and values).", DataError)
-    if cfg.task == "mqar" and not 0 < cfg.power_a <= 1:
-        raise invalid("data.power_a", cfg.power_a, "use a number in (0, 1] (Zoology's 0.01 "
-                      "puts most queries early; 1 spreads them evenly).", DataError)
 
 
 @dataclass
