@@ -283,7 +283,8 @@ def test_command_line_run_and_sample(tiny, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bad, says", [
-    ("scaling=bogus", "config group `scaling` needs one of its options"), ("model.n_head=abc", "n_head"),
+    ("scaling=bogus", "config group `scaling` needs one of its options"),
+    ("model.n_head=abc", "n_head"),
     ("model.n_heads=2", "n_heads"), ("model.n_head=3", "model.")])
 def test_bad_command_line_exits_readably_and_writes_nothing(tiny, tmp_path, bad, says):
     run_dir = tmp_path / "bad"
