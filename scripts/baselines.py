@@ -19,12 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hydra.errors import HydraException  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from data.prepare import prepare  # noqa: E402
-from model.errors import UserError  # noqa: E402
-from scripts.prepare_data import load_config  # noqa: E402
+from scripts.prepare_data import load_config, readable_errors  # noqa: E402
 from scripts.report import ngram  # noqa: E402
 
 
@@ -55,20 +52,14 @@ def main(argv: list[str]) -> int:
     if args.max_train_tokens < 2:
         print("error: --max-train-tokens must be at least 2.", file=sys.stderr)
         return 2
-    try:
+    def command() -> None:
         start = time.perf_counter()
         data = prepare(load_config(args.overrides))
         settings = ngram.Settings(max_train_tokens=args.max_train_tokens)
         result, reused = ngram.cached(data, settings)
-    except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(describe(result, data.folder / ngram.FILE, reused))
-    print(f"wall time {time.perf_counter() - start:.1f} s")
-    return 0
+        print(describe(result, data.folder / ngram.FILE, reused))
+        print(f"wall time {time.perf_counter() - start:.1f} s")
+    return readable_errors(command)
 
 
 if __name__ == "__main__":

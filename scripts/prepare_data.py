@@ -56,22 +56,27 @@ def report(data, seconds: float) -> str:
     return "\n".join(lines)
 
 
+def readable_errors(command) -> int:
+    """Run command(); a bad override, config or corpus becomes one error paragraph and exit 2."""
+    try:
+        command()
+    except (HydraException, OmegaConfBaseException, UserError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    try:
+
+    def command() -> None:
         cfg = load_config(argv)
         start = time.perf_counter()
         data = prepare(cfg)
         print(report(data, time.perf_counter() - start))
-    except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return readable_errors(command)
 
 
 if __name__ == "__main__":
