@@ -361,7 +361,9 @@ def _worked_section() -> list[str]:
         "",
         f"Row (8, 0, -8, 4): max |J| {jacobian_max(row4, 1):.4f} unscaled vs "
         f"{jacobian_max(row4, 8):.4f} divided by 8: "
-        f"{jacobian_max(row4, 8) / jacobian_max(row4, 1):.1f}x larger.",
+        f"{jacobian_max(row4, 8) / jacobian_max(row4, 1):.1f}x larger with respect to the scaled "
+        f"score; with respect to the raw q.k, {jacobian_max(row4, 8) / 8:.3f} vs "
+        f"{jacobian_max(row4, 1):.3f}: {jacobian_max(row4, 8) / 8 / jacobian_max(row4, 1):.2f}x.",
         f"Row (12, 8, 4, 0, -4): top diagonal p1(1-p1) {jacobian_entry(row5, 1, 0, 0):.4f} unscaled"
         f" vs {jacobian_entry(row5, 8, 0, 0):.4f} divided by 8; off-diagonal dp1/dz3 "
         f"{jacobian_entry(row5, 1, 0, 2):.2g} vs {jacobian_entry(row5, 8, 0, 2):.3f}.",

@@ -165,6 +165,7 @@ def test_main_prints_the_table_and_writes_figures(tmp_path, capsys):
     assert "| 1024 |" in text
     assert "(0.867, 0.117, 0.016)" in text and "(0.707, 0.223, 0.070)" in text
     assert "13.9x larger" in text
+    assert "with respect to the raw q.k, 0.031 vs 0.018: 1.73x" in text
     assert "| 256 | 2.00 | 7.39 | 1.00 | 2.72 |" in text
     assert "| 128 | 32 | 0.0512 | 0.290 |" in text
     assert "(q @ k^T) / 8 = inf, (q / 8) @ k^T = 12800" in text
