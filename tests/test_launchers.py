@@ -4,6 +4,7 @@ stopped jobs, resuming a whole sweep, the cache lock, and the time-limit signal'
 
 The end-to-end tests run the real command line on the tiny corpus of test_train."""
 
+import fcntl
 import json
 import os
 import shlex
@@ -21,6 +22,10 @@ from omegaconf import OmegaConf, open_dict
 from test_train import CONFIGS, ROOT, make_config, records, tiny  # noqa: F401 (tiny: fixture)
 
 import train
+from data.cache import default_cache_root
+from data.config import DataConfig
+from data.prepare import cache_key
+from data.sources import open_source
 from trainer import launch
 from trainer.build import MAX_AUTO_THREADS, choose_threads
 from trainer.resume import resume_commands
@@ -168,6 +173,52 @@ def wait_for(condition, what: str, timeout: float = 240) -> None:
     while not condition():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def cache_lock(overrides: list[str]) -> Path:
+    """The file prepare() locks while it builds the token cache of these overrides' data."""
+    cfg = DataConfig(**OmegaConf.to_container(make_config(overrides).data, resolve=True))
+    root = default_cache_root(cfg.cache_dir)
+    return root / "tokens" / f".{cache_key(cfg, open_source(cfg, root))}.lock"
+
+
+def flock_waiters(holder: int) -> set[int]:
+    """The processes blocked on a flock that process `holder` holds, from /proc/locks, where
+    `1: FLOCK ADVISORY WRITE <pid> <dev:inode> 0 EOF` is a held lock and `1: -> FLOCK ...`
+    a process waiting for the lock on the same file."""
+    lines = [line.split() for line in Path("/proc/locks").read_text().splitlines()]
+    held = {f[5] for f in lines if f[1] == "FLOCK" and int(f[4]) == holder}
+    return {int(f[5]) for f in lines if f[1:3] == ["->", "FLOCK"] and f[6] in held}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="reads the lock's waiters there")
+def test_joblib_jobs_on_a_cold_cache_prepare_it_once(tiny, tmp_path):  # noqa: F811
+    """2 jobs, 2 at once, on a cold cache. The test holds the cache's lock until both jobs are
+    blocked on it (both inside prepare(), nothing built yet), then lets go: one job builds the
+    cache, the other waits for it and reads what it built."""
+    sweep, lock = tmp_path / "sweep", cache_lock(tiny)
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = subprocess.Popen(
+            [sys.executable, "train.py", "-m", *tiny, "trainer.max_steps=2", "trainer.seed=1,2",
+             *JOBLIB, f"hydra.sweep.dir={sweep}"], cwd=ROOT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for(lambda: len(flock_waiters(os.getpid())) == 2 or proc.poll() is not None,
+                 "both jobs waiting on the cache lock")
+        waiting = flock_waiters(os.getpid())
+        built_meanwhile = [p.name for p in lock.parent.iterdir() if p != lock]
+    _, stderr = proc.communicate(timeout=240)
+    assert len(waiting) == 2 and proc.pid not in waiting, stderr   # the two jobs' workers
+    assert built_meanwhile == []
+    assert proc.returncode == 0, stderr   # the second to take the lock did not build again
+    assert [p.name for p in job_dirs(sweep)] == ["0", "1"]
+    # one cache folder, no leftovers; both jobs loaded the meta.json of the one build (its
+    # timings differ from build to build)
+    assert [p.name for p in lock.parent.iterdir() if p != lock] == [lock.name[1:-len(".lock")]]
+    metas = [json.loads((run / "run.json").read_text())["data"] for run in job_dirs(sweep)]
+    assert metas[0] == metas[1] and metas[0]["key"] == lock.name[1:-len(".lock")]
 
 
 def trained(run: Path) -> bool:

@@ -1,6 +1,7 @@
 """trainer/loggers.py: logger=tensorboard and logger=wandb mirror metrics.jsonl, summary.json and
-the resolved config, read back from the files each writes after a real run of train.py; a
-missing package is named with its pip command before anything runs."""
+the resolved config, read back from the files each writes after a real run of train.py (under
+torchrun, rank 0's alone); a missing package is named with its pip command before anything
+runs."""
 
 import json
 import math
@@ -34,6 +35,16 @@ def expected(run_dir: Path) -> dict[tuple[str, int], float]:
     want.update({(tag, summary["steps"]): v for tag, v in tags(summary, "summary").items()
                  if math.isfinite(v)})
     return want
+
+
+def tensorboard_scalars(run_dir: Path):
+    """The run's event files read back, and (tag, step) -> value of every scalar in them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return events, {(tag, e.step): e.value for tag in events.Tags()["scalars"]
+                    for e in events.Scalars(tag)}
 
 
 def test_tags_flatten_layers_heads_and_dicts():
@@ -108,16 +119,12 @@ def test_train_py_without_the_package_exits_2_before_writing(name, tmp_path):
 
 @pytest.mark.slow
 def test_tensorboard_mirrors_every_record_summary_and_config(tiny, tmp_path):  # noqa: F811
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     run_dir = tmp_path / "run"
     result = run_cli([*tiny, "logger=tensorboard", f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
-    events.Reload()
-    got = {(tag, e.step): e.value for tag in events.Tags()["scalars"]
-           for e in events.Scalars(tag)}
+    events, got = tensorboard_scalars(run_dir)
     want = expected(run_dir)
     assert set(got) == set(want)   # every record, layer and summary field; nothing else
     assert {("attn/entropy/layer1", 8), ("train/loss", 3), ("summary/final_val_loss_full", 8),
@@ -141,13 +148,18 @@ def wandb_records(log: Path) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def wandb_home(monkeypatch, tmp_path: Path) -> None:
+    """wandb's files outside the run folder go under tmp_path."""
+    for kind in ("CONFIG", "CACHE", "DATA", "ARTIFACT"):
+        monkeypatch.setenv(f"WANDB_{kind}_DIR", str(tmp_path / "wandb_home"))
+
+
 @pytest.mark.slow
 def test_wandb_offline_run_mirrors_every_record_summary_and_config(tiny, tmp_path,  # noqa: F811
                                                                    monkeypatch):
     """A one-job sweep: the run is named by its folder and grouped by the sweep folder."""
     sweep = tmp_path / "sweep"
-    for kind in ("CONFIG", "CACHE", "DATA", "ARTIFACT"):   # wandb's files outside the run
-        monkeypatch.setenv(f"WANDB_{kind}_DIR", str(tmp_path / "wandb_home"))
+    wandb_home(monkeypatch, tmp_path)
     result = run_cli(["-m", *tiny, "logger=wandb", "logger.project=scales", "trainer.seed=5",
                       f"hydra.sweep.dir={sweep}"])
     assert result.returncode == 0, result.stderr
@@ -182,8 +194,6 @@ def test_wandb_offline_run_mirrors_every_record_summary_and_config(tiny, tmp_pat
 def test_tensorboard_after_resumes_matches_metrics_jsonl(tiny, tmp_path):  # noqa: F811
     """A resume drops the records past its checkpoint from metrics.jsonl and redoes those
     steps (with other tokens/s): the event files must show the redone values only."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     run_dir = tmp_path / "run"
     args = [*tiny, "logger=tensorboard", f"hydra.run.dir={run_dir}", "trainer.resume=auto"]
     assert run_cli([*args, "trainer.max_steps=4"]).returncode == 0
@@ -192,10 +202,7 @@ def test_tensorboard_after_resumes_matches_metrics_jsonl(tiny, tmp_path):  # noq
     (run_dir / "checkpoints" / "last.pt").write_bytes(at_4)   # back to step 4: redo 5-8
     result = run_cli(args)
     assert result.returncode == 0, result.stderr
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
-    events.Reload()
-    got = {(tag, e.step): e.value for tag in events.Tags()["scalars"]
-           for e in events.Scalars(tag)}
+    events, got = tensorboard_scalars(run_dir)
     for tag in events.Tags()["scalars"]:   # one value per step: nothing of a dropped segment
         steps = [e.step for e in events.Scalars(tag)]
         assert len(steps) == len(set(steps)), tag
@@ -214,8 +221,7 @@ def test_tensorboard_after_resumes_matches_metrics_jsonl(tiny, tmp_path):  # noq
 def test_a_resumed_wandb_run_keeps_its_id(tiny, tmp_path, monkeypatch):  # noqa: F811
     """Each segment writes its own offline folder, under the id of the first: `wandb sync`
     uploads them in order into one run. Together they hold every record once."""
-    for kind in ("CONFIG", "CACHE", "DATA", "ARTIFACT"):
-        monkeypatch.setenv(f"WANDB_{kind}_DIR", str(tmp_path / "wandb_home"))
+    wandb_home(monkeypatch, tmp_path)
     run_dir = tmp_path / "run"
     args = [*tiny, "logger=wandb", f"hydra.run.dir={run_dir}", "trainer.resume=auto"]
     assert run_cli([*args, "trainer.max_steps=4"]).returncode == 0
@@ -235,3 +241,32 @@ def test_a_resumed_wandb_run_keeps_its_id(tiny, tmp_path, monkeypatch):  # noqa:
     want = expected(run_dir)
     assert {k: v for k, v in got.items() if not (k[0].startswith("summary/") and k[1] == 4)} \
         == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tensorboard", "wandb"])
+def test_under_torchrun_rank_0_alone_logs(name, tiny, tmp_path, monkeypatch):  # noqa: F811
+    """Two processes (gloo) train one run: one writer, whose values are metrics.jsonl's."""
+    wandb_home(monkeypatch, tmp_path)
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "train.py", *tiny, f"logger={name}", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run_dir / "run.json").read_text())["world_size"] == 2
+    want = expected(run_dir)
+    if name == "tensorboard":
+        assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+        _, got = tensorboard_scalars(run_dir)
+        assert set(got) == set(want)
+        for key, value in want.items():   # event files store float32
+            assert got[key] == np.float32(value), key
+    else:
+        (log,) = run_dir.glob("wandb/*run-*/run-*.wandb")   # one offline run
+        assert len(list(run_dir.glob("wandb/*run-*"))) == 1
+        got = {(k, int(r["history"]["step"]["num"])): v for r in wandb_records(log)
+               if r["type"] == "history" for k, v in r["history"]["item"].items()
+               if not k.startswith("_")}
+        assert got == want
