@@ -4,8 +4,9 @@ Under CPU autocast, F.scaled_dot_product_attention receives bf16 q, k and v, and
 SDPA kernels are slow in bf16, the backward most of all: python train.py's default step (bf16
 autocast on a CPU with AVX512-BF16) runs ~30% faster with attention in float32 (measured with
 scripts/bench.py, docs/benchmarks.md). This subclass overrides that one step and nothing else;
-model/attention.py never imports it. GPT builds it for model.attn_impl=auto (gpt.py's
-attention_class); tests/test_attention.py holds it equal to the explicit path.
+model/attention.py never imports it. trainer/build.py passes it to GPT for model.attn_impl=auto
+when the run computes under CPU autocast (bf16 or fp16 on a CPU), and MultiHeadAttention
+otherwise; tests/test_attention.py holds it equal to the explicit path.
 
 Dimension letters: B batch, H heads, T time, D head width (d_head).
 """

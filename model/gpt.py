@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.attention import MultiHeadAttention, ScalingConfig, check_attn_impl, is_positive_number
-from model.cpu_autocast import CPUAutocastAttention
 from model.errors import ConfigError, check_dropout, check_positive_int
 
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
@@ -38,13 +37,6 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was_training)
-
-
-def attention_class(attn_impl: str) -> type[MultiHeadAttention]:
-    """The attention the blocks build: `auto` takes the CPU autocast speed route
-    (model/cpu_autocast.py; the plain module wherever autocast is off), `explicit` and `sdpa`
-    the plain MultiHeadAttention of model/attention.py."""
-    return CPUAutocastAttention if attn_impl == "auto" else MultiHeadAttention
 
 
 class MLP(nn.Module):
@@ -62,11 +54,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x)); dropout on each branch."""
 
-    def __init__(self, config: "GPTConfig"):
+    def __init__(self, config: "GPTConfig", attention: type[MultiHeadAttention]):
         super().__init__()
         C = config.d_model
         self.ln_1 = nn.LayerNorm(C, bias=config.bias)
-        self.attn = attention_class(config.attn_impl)(
+        self.attn = attention(
             C, config.n_head, config.head_dim, config.scaling, dropout=config.dropout,
             bias=config.bias, attn_impl=config.attn_impl)
         self.ln_2 = nn.LayerNorm(C, bias=config.bias)
@@ -134,16 +126,18 @@ def positions(valid_mask: Optional[Tensor], T: int, device: torch.device) -> Ten
 
 
 class GPT(nn.Module):
-    """The language model. self.blocks[i].attn is a MultiHeadAttention (attention_class)."""
+    """The language model. self.blocks[i].attn is an `attention`: MultiHeadAttention, or a
+    subclass with a hardware speed route that the caller chooses (trainer/build.py)."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig,
+                 attention: type[MultiHeadAttention] = MultiHeadAttention):
         super().__init__()
         self.config = config
         C = config.d_model
         self.wte = nn.Embedding(config.vocab_size, C)  # token embeddings
         self.wpe = nn.Embedding(config.block_size, C)  # learned absolute positions
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, attention) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(C, bias=config.bias)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied (Press & Wolf 2017)
@@ -160,8 +154,7 @@ class GPT(nn.Module):
 
     @property
     def attention_name(self) -> str:
-        """The attention module's class, for the run's start line (CPUAutocastAttention is the
-        float32-SDPA route of model/cpu_autocast.py)."""
+        """The attention module's class, for the run's start line."""
         return type(self.blocks[0].attn).__name__
 
     @staticmethod
