@@ -19,9 +19,8 @@ Optional soft-cap (Gemma 2, Gemma Team 2024): logits <- c * tanh(logits / c), af
 s multiplies q before the product: in float16 (q @ k^T) * s overflows 65504 where (q * s) @ k^T
 does not (q = k = 40, d_head = 64: inf versus 12800).
 
-Masks are bool, True = may attend: valid_mask (B, T) is True at real tokens, the polarity of
-SDPA's attn_mask and Hugging Face's attention_mask (nn.MultiheadAttention's key_padding_mask is
-its negation). A query row with no allowed key follows Mask's policy in every path and dtype.
+Masks are bool, True = may attend (SDPA's and Hugging Face's polarity; nn.MultiheadAttention's
+key_padding_mask is the negation). A row with no allowed key follows Mask's policy everywhere.
 
 Dimension letters: B batch, T time, C model width (d_model), H heads, D head width (d_head).
 """
@@ -113,8 +112,7 @@ def build_mask(x: Tensor, causal: bool, valid_mask: Optional[Tensor],
 
 
 def _check_masks(x: Tensor, valid_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> None:
-    """Masks must be bool (a 0/1 integer mask is too easily given with the wrong polarity) and
-    of their documented shapes."""
+    """Bool masks (0/1 integers are too easily given with the wrong polarity) of their shapes."""
     for name, mask, shape in (("valid_mask", valid_mask, "(B, T)"),
                               ("attn_mask", attn_mask, "(B|1, 1|H, T, T)")):
         if mask is not None and mask.dtype != torch.bool:
@@ -192,8 +190,7 @@ class MultiHeadAttention(nn.Module):
 
     def explain(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None) -> Explained:
-        """forward by the explicit path whatever attn_impl is, with the weights and per-head
-        statistics (model/diagnostics.py)."""
+        """forward by the explicit path, with the weights and statistics (model/diagnostics.py)."""
         q, k, v = self.split_heads(x)  # (B, H, T, D) each
         mask = build_mask(x, causal, valid_mask, attn_mask)
         y, weights, logits = self.explicit(q, k, v, mask)

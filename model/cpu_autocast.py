@@ -1,12 +1,10 @@
 """A speed route for CPU autocast: MultiHeadAttention with its SDPA step run in float32.
 
-Under CPU autocast, SDPA receives bf16 q, k and v, and torch's CPU SDPA kernels are slow in bf16
-(the backward most of all): the default step under bf16 autocast on a CPU with AVX512-BF16 runs
-~30% faster with attention in float32 (scripts/bench.py, docs/benchmarks.md). model/attention.py
-never imports this subclass; trainer/build.py passes it to GPT for model.attn_impl=auto when the
-run computes under CPU autocast (bf16 or fp16 on a CPU), and MultiHeadAttention otherwise.
-tests/test_attention.py holds it equal to the explicit path.
-"""
+torch's CPU SDPA kernels are slow in bf16, the backward most of all: the default step under bf16
+autocast on an AVX512-BF16 CPU runs ~30% faster with attention in float32 (docs/benchmarks.md).
+model/attention.py never imports this subclass; trainer/build.py builds it for
+model.attn_impl=auto under CPU autocast; tests/test_attention.py holds it equal to the explicit
+path."""
 
 from typing import Optional
 

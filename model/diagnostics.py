@@ -1,7 +1,6 @@
 """Diagnostics of attention: per-head statistics of one forward (MultiHeadAttention.explain,
 GPT.attention_stats), in float32 from detached tensors whatever the caller's autocast dtype,
-and q/k gradient norms. Dimension letters: B batch, T time, H heads, D head width (d_head).
-"""
+and q/k gradient norms. Dimension letters: B batch, T time, H heads, D head width (d_head)."""
 
 from typing import TYPE_CHECKING, Optional
 
@@ -61,5 +60,4 @@ def qk_grad_norms(qkv: nn.Linear, HD: int) -> tuple[float, float]:
         return 0.0, 0.0
     q_sq = sum(g[:HD].float().square().sum() for g in grads)
     k_sq = sum(g[HD:2 * HD].float().square().sum() for g in grads)
-    q_norm, k_norm = torch.stack([q_sq, k_sq]).sqrt().tolist()
-    return q_norm, k_norm
+    return tuple(torch.stack([q_sq, k_sq]).sqrt().tolist())

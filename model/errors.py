@@ -14,8 +14,7 @@ class ConfigError(UserError):
 
 
 class DataError(UserError):
-    """Bad data input (a missing path, an empty or non-UTF-8 corpus, an unknown hub revision),
-    raised before any cache is replaced, so a failed preparation never damages a token cache."""
+    """Bad data input, raised before any cache is replaced (a failed preparation keeps it)."""
 
 
 def invalid(key: str, value, fix: str, error: type = ConfigError) -> UserError:
