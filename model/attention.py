@@ -4,36 +4,30 @@
 
 `s` is the score scale (MultiHeadAttention.scale, from the per-head width d_head, never
 d_model), `M` the additive mask: 0 where a key may be attended, -inf where not (build_mask).
-MultiHeadAttention.explicit computes the equation line by line and keeps the weights for plots
-and statistics; MultiHeadAttention.sdpa hands the same q, k, v, s and M to
-F.scaled_dot_product_attention (one fused kernel); forward picks one of the two with a single
-`if`. Tests hold the two equal. docs/scaling.md explains the scales.
-
-Scale variants (ScalingConfig.name):
+`explicit` computes the equation line by line and keeps the weights; `sdpa` hands the same q,
+k, v, s and M to F.scaled_dot_product_attention; forward picks one with a single `if`, and
+tests hold the two equal. The scales (ScalingConfig.name; docs/scaling.md explains them):
     sqrt_dk   s = 1/sqrt(d_head)                          Vaswani et al. 2017, sec. 3.2.1
     none      s = 1                                       the ablation
     dk        s = 1/d_head                                muP, Yang et al. 2022
     constant  s = 1/divisor whatever d_head               a fixed divisor (8 by default)
     learned   s = exp(log_scale[h]) per head, starting at 1/sqrt(d_head)
     qk_norm   LayerNorm/RMSNorm q and k per head, then s = 1/sqrt(d_head)   Dehghani et al. 2023
-    uniform   s = 0: every allowed key gets the same weight (the mean of the allowed values),
-              whatever q and k are; the control that says what attention's selectivity buys
+    uniform   s = 0: every allowed key gets the same weight whatever q and k are; the
+              control that says what attention's selectivity buys
 Optional soft-cap (Gemma 2, Gemma Team 2024): logits <- c * tanh(logits / c), after the scale.
+s multiplies q before the product: in float16 (q @ k^T) * s overflows 65504 where (q * s) @ k^T
+does not (q = k = 40, d_head = 64: inf versus 12800).
 
-The scale multiplies q before the product: in float16, (q @ k^T) * s overflows 65504 where
-(q * s) @ k^T does not (q = k = 40, d_head = 64: inf versus 12800).
-
-Masks. The padding mask is `valid_mask` (B, T) bool, True = a real token that may be attended:
-the polarity of SDPA's boolean attn_mask and of Hugging Face's attention_mask.
-nn.MultiheadAttention's key_padding_mask is the opposite (True = ignore): pass ~key_padding_mask.
-A query row in which every key is masked (a left-pad position under the causal mask) has no
-valid softmax: Mask states the policy for it, the same in every path and dtype.
+Masks are bool, True = may attend (SDPA's and Hugging Face's polarity; nn.MultiheadAttention's
+key_padding_mask is the negation). A row with no allowed key follows Mask's policy everywhere.
 
 Dimension letters: B batch, T time, C model width (d_model), H heads, D head width (d_head).
 """
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple, Optional
 
 import torch
@@ -42,17 +36,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model import diagnostics
-from model.errors import ConfigError, check_dropout, check_positive_int
+from model.errors import ConfigError, check_dropout, check_positive_int, is_positive_number
 
 SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm", "uniform")
 QK_NORMS = ("layernorm", "rmsnorm")
 ATTN_IMPLS = ("auto", "explicit", "sdpa")
-
-
-def is_positive_number(value) -> bool:
-    """A positive finite int or float (a bool is not a number here)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)
 
 
 @dataclass(frozen=True)
@@ -92,12 +80,9 @@ def check_attn_impl(attn_impl: str, scaling: ScalingConfig) -> None:
 
 
 class Mask(NamedTuple):
-    """The mask M as booleans (True = may attend), with the fully-masked-row policy.
-
-    A query row with no allowed key has no valid softmax (0/0). Such a row is opened to every
-    key in `attend`, so that the softmax is defined and its gradient finite, and its weights
-    and output are then set to zero (zero_empty_rows): no backend decides this for us.
-    """
+    """M as booleans, with the fully-masked-row policy: a query row with no allowed key has no
+    valid softmax (0/0), so `attend` opens it to every key (softmax and gradient stay finite)
+    and zero_empty_rows then zeroes its weights and output; no backend decides this for us."""
 
     allowed: Tensor  # (B|1, H|1, T, T) True = query may attend key
     attend: Tensor  # (B|1, H|1, T, T) allowed, with rows that allow nothing opened to every key
@@ -107,12 +92,14 @@ class Mask(NamedTuple):
         return t.masked_fill(~self.row_ok, 0.0)
 
 
-def build_mask(T: int, device: torch.device, causal: bool, valid_mask: Optional[Tensor],
+def build_mask(x: Tensor, causal: bool, valid_mask: Optional[Tensor],
                attn_mask: Optional[Tensor]) -> Optional[Mask]:
-    """The causal, padding and custom masks combined into one Mask; None when nothing is masked."""
+    """The causal, padding and custom masks of x (B, T, C) as one Mask; None if none is set."""
+    T = x.shape[1]
+    _check_masks(x, valid_mask, attn_mask)
     allowed = attn_mask  # (B|1, 1|H, T, T) or None
     if causal:
-        tril = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T): key <= query
+        tril = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T): key <= query
         allowed = tril if allowed is None else allowed & tril
     if valid_mask is not None:
         keys = valid_mask[:, None, None, :]  # (B, 1, 1, T): padded keys are never attended
@@ -122,6 +109,19 @@ def build_mask(T: int, device: torch.device, causal: bool, valid_mask: Optional[
     allowed = allowed.expand(*allowed.shape[:-2], T, T)  # (B|1, H|1, T, T)
     row_ok = allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
     return Mask(allowed, allowed | ~row_ok, row_ok)
+
+
+def _check_masks(x: Tensor, valid_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> None:
+    """Bool masks (0/1 integers are too easily given with the wrong polarity) of their shapes."""
+    for name, mask, shape in (("valid_mask", valid_mask, "(B, T)"),
+                              ("attn_mask", attn_mask, "(B|1, 1|H, T, T)")):
+        if mask is not None and mask.dtype != torch.bool:
+            raise ValueError(f"{name} must be a bool tensor with True = may attend, got dtype "
+                             f"{mask.dtype}; for a Hugging Face attention_mask use mask.bool(), "
+                             "for nn.MultiheadAttention's key_padding_mask use ~mask.")
+        if mask is not None and not (mask.dim() == 4 if name == "attn_mask"
+                                     else mask.shape == x.shape[:2]):
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(mask.shape)}.")
 
 
 def attention_weights(logits: Tensor, mask: Optional[Mask] = None) -> Tensor:
@@ -142,12 +142,8 @@ class Explained(NamedTuple):
 
 class MultiHeadAttention(nn.Module):
     """softmax(Q K^T * s + M) V over n_head heads of width d_head, then an output projection.
-
-    attn_impl: "explicit" materialises logits and weights (readable); "sdpa" calls
-    F.scaled_dot_product_attention (fast); "auto" uses sdpa unless a soft-cap is set (SDPA has
-    no soft-cap). `explain` returns the weights and statistics, always by the explicit path.
-    `dropout` is attention dropout, applied to the weights in every path while training.
-    """
+    attn_impl: "explicit" (readable), "sdpa" (fast), "auto" = sdpa unless a soft-cap is set
+    (SDPA has none). `dropout` drops attention weights in every path while training."""
 
     def __init__(self, d_model: int, n_head: int, d_head: int, scaling: ScalingConfig,
                  dropout: float = 0.0, bias: bool = True, attn_impl: str = "auto"):
@@ -156,53 +152,36 @@ class MultiHeadAttention(nn.Module):
         for name, value in (("d_model", d_model), ("n_head", n_head), ("d_head", d_head)):
             check_positive_int(f"model.{name}", value)
         check_dropout("model.dropout", dropout)
-        self.d_model, self.n_head, self.d_head = d_model, n_head, d_head
+        self.n_head, self.d_head = n_head, d_head
         self.scaling, self.dropout, self.attn_impl = scaling, dropout, attn_impl
         # one fused projection for q, k and v: rows [0, HD) are q, [HD, 2HD) k, [2HD, 3HD) v
         self.qkv = nn.Linear(d_model, 3 * n_head * d_head, bias=bias)
         self.proj = nn.Linear(n_head * d_head, d_model, bias=bias)
-        if scaling.name == "learned":
-            # per-head temperature in log space, so it stays positive; starts at 1/sqrt(d_head)
+        if scaling.name == "learned":  # per-head, in log space to stay positive
             self.log_scale = nn.Parameter(torch.full((n_head,), -0.5 * math.log(d_head)))
-        if scaling.name == "qk_norm":
-            # normalise each head's q and k over D, with a learnable gain (Dehghani et al. 2023)
-            norm = nn.LayerNorm if scaling.norm == "layernorm" else nn.RMSNorm
-            kwargs = {"bias": False} if scaling.norm == "layernorm" else {}
-            self.q_norm = norm(d_head, eps=1e-5, **kwargs)
-            self.k_norm = norm(d_head, eps=1e-5, **kwargs)
+        if scaling.name == "qk_norm":  # each head's q and k over D, with a learnable gain
+            norm = partial(nn.LayerNorm, bias=False) if scaling.norm == "layernorm" else nn.RMSNorm
+            self.q_norm, self.k_norm = norm(d_head, eps=1e-5), norm(d_head, eps=1e-5)
 
     def scale(self) -> float | Tensor:
         """The score scale s: a float, or for `learned` a (H, 1, 1) tensor (one per head)."""
         name, D = self.scaling.name, self.d_head
-        if name in ("sqrt_dk", "qk_norm"):
-            return 1.0 / math.sqrt(D)
-        if name == "none":
-            return 1.0
-        if name == "dk":
-            return 1.0 / D
-        if name == "constant":
-            return 1.0 / self.scaling.divisor
-        if name == "uniform":
-            # every logit is 0, so softmax over the allowed keys is 1/(number allowed): the
-            # masks and the fully-masked-row policy apply unchanged, and q, k get zero gradient
-            return 0.0
-        return self.log_scale.exp().view(self.n_head, 1, 1)  # learned: (H, 1, 1)
+        if name == "learned":
+            return self.log_scale.exp().view(self.n_head, 1, 1)  # (H, 1, 1)
+        # uniform: every logit is 0, so softmax over the allowed keys is 1/(number allowed): the
+        # masks and the fully-masked-row policy apply unchanged, and q, k get zero gradient
+        return {"sqrt_dk": 1.0 / math.sqrt(D), "qk_norm": 1.0 / math.sqrt(D), "none": 1.0,
+                "dk": 1.0 / D, "constant": 1.0 / self.scaling.divisor, "uniform": 0.0}[name]
 
     def forward(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None) -> Tensor:
-        """x (B, T, C) -> y (B, T, C).
-
-        valid_mask: (B, T) bool, True = real token that may be attended (SDPA / Hugging Face
-            polarity; nn.MultiheadAttention's key_padding_mask is its negation).
-        attn_mask: (B|1, 1|H, T, T) bool, True = query may attend key (e.g. document masking).
-        """
-        _check_masks(x, valid_mask, attn_mask)
+        """x (B, T, C) -> y (B, T, C). valid_mask (B, T): True = real token; attn_mask
+        (B|1, 1|H, T, T): True = query may attend key (e.g. document masking)."""
         q, k, v = self.split_heads(x)  # 1. (B, H, T, D) each
         fused = self.attn_impl != "explicit" and self.scaling.softcap is None
         # 2. M; SDPA needs no tensor for a plain causal mask (its is_causal)
         plain_causal = fused and causal and valid_mask is None and attn_mask is None
-        mask = None if plain_causal else build_mask(x.shape[1], x.device, causal, valid_mask,
-                                                    attn_mask)
+        mask = None if plain_causal else build_mask(x, causal, valid_mask, attn_mask)
         if fused:
             y = self.sdpa(q, k, v, causal, mask)  # 3. by one fused kernel
         else:
@@ -211,11 +190,9 @@ class MultiHeadAttention(nn.Module):
 
     def explain(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None) -> Explained:
-        """forward by the explicit path, whatever attn_impl is, with its weights and per-head
-        statistics (model/diagnostics.py): for plots and the attention diagnostics."""
-        _check_masks(x, valid_mask, attn_mask)
+        """forward by the explicit path, with the weights and statistics (model/diagnostics.py)."""
         q, k, v = self.split_heads(x)  # (B, H, T, D) each
-        mask = build_mask(x.shape[1], x.device, causal, valid_mask, attn_mask)
+        mask = build_mask(x, causal, valid_mask, attn_mask)
         y, weights, logits = self.explicit(q, k, v, mask)
         stats = diagnostics.attention_stats(q, k, logits, weights, mask, valid_mask)
         return Explained(self.merge_heads(y), weights, stats)
@@ -246,11 +223,9 @@ class MultiHeadAttention(nn.Module):
         return dropped @ v, weights, logits  # (B,H,T,T) @ (B,H,T,D) -> (B,H,T,D)
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Optional[Mask]) -> Tensor:
-        """The same equation by F.scaled_dot_product_attention: y (B, H, T, D).
-
-        mask=None with causal=True is SDPA's own causal mask (is_causal); SDPA refuses
-        is_causal together with attn_mask, so a Mask always carries the causal part itself.
-        """
+        """The same equation by F.scaled_dot_product_attention: y (B, H, T, D). mask=None with
+        causal=True is SDPA's own causal mask (is_causal); SDPA refuses is_causal together with
+        attn_mask, so a Mask always carries the causal part itself."""
         s = self.scale()
         if isinstance(s, Tensor) or s == 0.0:
             # `learned`: SDPA's scale= is one Python float; a per-head tensor cannot go there,
@@ -266,17 +241,3 @@ class MultiHeadAttention(nn.Module):
     def qk_grad_norms(self) -> tuple[float, float]:
         """L2 norms of the q and k projections' gradients (diagnostics.qk_grad_norms)."""
         return diagnostics.qk_grad_norms(self.qkv, self.n_head * self.d_head)
-
-
-def _check_masks(x: Tensor, valid_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> None:
-    """Masks must be boolean (a 0/1 integer mask is too easily given with the wrong polarity)
-    and of their documented shapes."""
-    for name, mask, shape_ok, shape in (
-            ("valid_mask", valid_mask, lambda m: m.shape == x.shape[:2], "(B, T)"),
-            ("attn_mask", attn_mask, lambda m: m.dim() == 4, "(B|1, 1|H, T, T)")):
-        if mask is not None and mask.dtype != torch.bool:
-            raise ValueError(f"{name} must be a bool tensor with True = may attend, got dtype "
-                             f"{mask.dtype}; for a Hugging Face attention_mask use mask.bool(), "
-                             "for nn.MultiheadAttention's key_padding_mask use ~mask.")
-        if mask is not None and not shape_ok(mask):
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(mask.shape)}.")

@@ -1,14 +1,10 @@
 """A speed route for CPU autocast: MultiHeadAttention with its SDPA step run in float32.
 
-Under CPU autocast, F.scaled_dot_product_attention receives bf16 q, k and v, and torch's CPU
-SDPA kernels are slow in bf16, the backward most of all: python train.py's default step (bf16
-autocast on a CPU with AVX512-BF16) runs ~30% faster with attention in float32 (measured with
-scripts/bench.py, docs/benchmarks.md). This subclass overrides that one step and nothing else;
-model/attention.py never imports it. GPT builds it for model.attn_impl=auto (gpt.py's
-attention_class); tests/test_attention.py holds it equal to the explicit path.
-
-Dimension letters: B batch, H heads, T time, D head width (d_head).
-"""
+torch's CPU SDPA kernels are slow in bf16, the backward most of all: the default step under bf16
+autocast on an AVX512-BF16 CPU runs ~30% faster with attention in float32 (docs/benchmarks.md).
+model/attention.py never imports this subclass; trainer/build.py builds it for
+model.attn_impl=auto under CPU autocast; tests/test_attention.py holds it equal to the explicit
+path."""
 
 from typing import Optional
 
@@ -22,8 +18,7 @@ class CPUAutocastAttention(MultiHeadAttention):
     """MultiHeadAttention; under CPU autocast its SDPA call computes in float32."""
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Optional[Mask]) -> Tensor:
-        """MultiHeadAttention.sdpa, in float32 under CPU autocast: y (B, H, T, D) returned in
-        the autocast dtype, as the other autocast ops return theirs."""
+        """y (B, H, T, D) by float32 SDPA, returned in the autocast dtype as other ops return."""
         if not (q.device.type == "cpu" and torch.is_autocast_enabled("cpu")):
             return super().sdpa(q, k, v, causal, mask)
         with torch.autocast("cpu", enabled=False):

@@ -1,11 +1,6 @@
-"""Diagnostics of attention: per-head statistics of one forward, and q/k gradient norms.
-
-MultiHeadAttention.explain returns the statistics; GPT.attention_stats collects them per
-layer. They are computed in float32 from detached tensors, so they keep no
-autograd graph and do not depend on the caller's autocast dtype.
-
-Dimension letters: B batch, T time, H heads, D head width (d_head).
-"""
+"""Diagnostics of attention: per-head statistics of one forward (MultiHeadAttention.explain,
+GPT.attention_stats), in float32 from detached tensors whatever the caller's autocast dtype,
+and q/k gradient norms. Dimension letters: B batch, T time, H heads, D head width (d_head)."""
 
 from typing import TYPE_CHECKING, Optional
 
@@ -21,18 +16,14 @@ SATURATION_THRESHOLD = 0.99  # a row is "saturated" when its largest weight exce
 
 def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor, mask: Optional["Mask"],
                     valid_mask: Optional[Tensor]) -> dict[str, Tensor]:
-    """Per-head statistics of one forward, each (H,) float32.
-
-    q, k (B, H, T, D) as the scale multiplies them (after qk_norm); logits and weights
-    (B, H, T, T) as the explicit path made them. Real query rows: a real token (valid_mask)
-    with at least one allowed key; padding rows never count. Entries: the allowed keys of real
-    query rows. Raw scores are q.k before the scale s and the soft-cap, so that scales can be
-    compared: for q, k with independent unit-variance components Var(q.k) = d_head, and raw_var
-    is 1 (docs/scaling.md). Var is the variance over all entries of a head (divisor n).
+    """Per-head statistics, each (H,) float32, of q, k (B, H, T, D) after qk_norm and the
+    explicit path's logits and weights (B, H, T, T). Real rows: real tokens with an allowed key;
+    entries: their allowed keys. Raw scores q.k come before the scale and soft-cap, so scales
+    compare: unit-variance q, k give Var(q.k) = d_head, raw_var 1 (docs/scaling.md).
         entropy        mean over real rows of -sum_j w_j log w_j (nats)
         saturated      fraction of real rows whose largest weight exceeds SATURATION_THRESHOLD
         max_logit      max |logit| over entries (after the scale and soft-cap)
-        raw_var        Var(q.k) / d_head over entries
+        raw_var        Var(q.k) / d_head over entries (divisor n)
         raw_max_logit  max |q.k| over entries
     """
     B, H, T, D = q.shape
@@ -62,13 +53,11 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor, mask:
 
 
 def qk_grad_norms(qkv: nn.Linear, HD: int) -> tuple[float, float]:
-    """L2 norms of the gradients of the q and k rows of a fused qkv projection (rows [0, HD) and
-    [HD, 2HD) of weight and bias together), or (0.0, 0.0) before any backward pass.
-    One host sync for both numbers."""
+    """L2 norms of the q and k rows' gradients ([0, HD) and [HD, 2HD) of a fused qkv, weight and
+    bias together; one host sync), or (0.0, 0.0) before any backward pass."""
     grads = [p.grad for p in qkv.parameters()]  # weight (3HD, C), bias (3HD,)
     if any(g is None for g in grads):
         return 0.0, 0.0
     q_sq = sum(g[:HD].float().square().sum() for g in grads)
     k_sq = sum(g[HD:2 * HD].float().square().sum() for g in grads)
-    q_norm, k_norm = torch.stack([q_sq, k_sq]).sqrt().tolist()
-    return q_norm, k_norm
+    return tuple(torch.stack([q_sq, k_sq]).sqrt().tolist())

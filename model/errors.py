@@ -1,10 +1,8 @@
-"""Errors a user can fix by changing their input, and the checks that raise them.
+"""Errors a user can fix by changing their input, and the checks that raise them. Entry points
+(train.py, scripts/) print a UserError as one paragraph with a non-zero exit code instead of a
+traceback; library callers can catch it as a ValueError."""
 
-Every entry point (train.py, scripts/) catches `UserError` and prints its message as one
-paragraph with a non-zero exit code, instead of a traceback. ConfigError is a bad config value,
-DataError bad data input (a missing path, an empty or non-UTF-8 corpus, an unknown hub
-revision); both are UserErrors, and ValueErrors for callers that use the library directly.
-"""
+import math
 
 
 class UserError(ValueError):
@@ -16,13 +14,18 @@ class ConfigError(UserError):
 
 
 class DataError(UserError):
-    """Bad data input. Raised before any cache is replaced, so an existing token cache is
-    never damaged by a failed preparation."""
+    """Bad data input, raised before any cache is replaced (a failed preparation keeps it)."""
 
 
 def invalid(key: str, value, fix: str, error: type = ConfigError) -> UserError:
     """The one message shape for a bad value: `key=value is not valid: fix`."""
     return error(f"{key}={value!r} is not valid: {fix}")
+
+
+def is_positive_number(value) -> bool:
+    """A positive finite int or float (a bool is not a number here)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
 
 
 def check_positive_int(key: str, value) -> None:
@@ -33,6 +36,5 @@ def check_positive_int(key: str, value) -> None:
 
 def check_dropout(key: str, value) -> None:
     """ConfigError unless value is a probability in [0, 1) (a bool is not a probability)."""
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and 0.0 <= value < 1.0):
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
         raise ConfigError(f"{key}={value!r} must be in [0, 1); 0.0 turns dropout off.")

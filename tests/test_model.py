@@ -16,11 +16,11 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 VOCAB = 17
 
 
-def tiny(seed=0, **overrides):
+def tiny(seed=0, attention=MultiHeadAttention, **overrides):
     torch.manual_seed(seed)
     kwargs = {"vocab_size": VOCAB, "block_size": 12, "n_layer": 2, "n_head": 2, "d_model": 16}
     kwargs.update(overrides)
-    return GPT(GPTConfig(**kwargs)).eval()
+    return GPT(GPTConfig(**kwargs), attention).eval()
 
 
 # ---------------------------------------------------------------- config
@@ -326,12 +326,16 @@ def test_qk_grad_norms_of_model_layers():
     assert all(q > 0 and k > 0 for q, k in norms)
 
 
-def test_attn_impl_auto_builds_the_cpu_autocast_route():
-    """model.attn_impl=auto builds model/cpu_autocast.py's subclass (named for the start line);
-    explicit and sdpa build plain MultiHeadAttention."""
-    assert tiny().attention_name == "CPUAutocastAttention"
-    assert all(isinstance(b.attn, CPUAutocastAttention) for b in tiny().blocks)
-    for impl in ("explicit", "sdpa"):
+def test_gpt_builds_the_attention_it_is_given():
+    """GPT builds model/attention.py's MultiHeadAttention for every attn_impl unless the caller
+    passes a speed route (trainer/build.py chooses it), with the same weights; attention_name
+    names the class for the start line."""
+    for impl in ("auto", "explicit", "sdpa"):
         model = tiny(attn_impl=impl)
         assert model.attention_name == "MultiHeadAttention"
         assert all(type(b.attn) is MultiHeadAttention for b in model.blocks)
+    route = tiny(attention=CPUAutocastAttention)
+    assert route.attention_name == "CPUAutocastAttention"
+    assert all(type(b.attn) is CPUAutocastAttention for b in route.blocks)
+    plain = tiny().state_dict()
+    assert all(torch.equal(v, plain[k]) for k, v in route.state_dict().items())

@@ -1,4 +1,5 @@
-"""The float16 path with its gradient scaler, and torch.compile, each for a few steps on CPU."""
+"""The float16 path with its gradient scaler, and torch.compile, each for a few steps on CPU;
+the attention route each precision builds."""
 
 import math
 import shutil
@@ -9,6 +10,7 @@ from test_train import make_config, records, tiny  # noqa: F401 (tiny is a fixtu
 
 import train
 from trainer import checkpoint
+from trainer.build import build
 
 
 def cpu_fp16_supported() -> str:
@@ -35,6 +37,20 @@ def test_fp16_trains_with_a_gradient_scaler(tiny, tmp_path):  # noqa: F811
     for a, b in zip(ours, reference, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=0.02)
     assert ours[-1]["loss"] != reference[-1]["loss"]   # really computed in float16
+
+
+@pytest.mark.parametrize("precision, attn_impl, attention", [
+    ("fp32", "auto", "MultiHeadAttention"),        # no autocast: the teaching module
+    ("bf16", "auto", "CPUAutocastAttention"),      # CPU autocast: model/cpu_autocast.py
+    ("bf16", "sdpa", "MultiHeadAttention"),        # an explicit attn_impl: no route
+])
+def test_cpu_autocast_route_only_under_cpu_autocast(tiny, precision, attn_impl,  # noqa: F811
+                                                     attention):
+    run = build(make_config([*tiny, f"trainer.precision={precision}",
+                             f"model.attn_impl={attn_impl}"]))
+    assert run.compute.device.type == "cpu"
+    assert run.state.model.attention_name == attention
+    assert all(type(b.attn).__name__ == attention for b in run.state.model.blocks)
 
 
 def compile_unsupported() -> str:

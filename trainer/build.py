@@ -20,7 +20,8 @@ from data.batching import Batch, Batcher, fixed_batches
 from data.config import DataConfig
 from data.prepare import PreparedData, prepare
 from data.recall import EVAL_TRAIN_STREAM, RecallBatcher, RecallData, validation_batches
-from model.attention import ScalingConfig
+from model.attention import MultiHeadAttention, ScalingConfig
+from model.cpu_autocast import CPUAutocastAttention
 from model.errors import ConfigError, UserError
 from model.gpt import GPT, GPTConfig
 from trainer.launch import jobs_at_once
@@ -111,7 +112,9 @@ def build(cfg: DictConfig) -> Run:
     eval_batches, batcher = make_batches(data, data_cfg, train_cfg, model_cfg.block_size,
                                          rank, world)
     torch.manual_seed(train_cfg.seed)
-    model = GPT(model_cfg).to(device)
+    # model/cpu_autocast.py's route only where it differs from MultiHeadAttention: CPU autocast
+    route = model_cfg.attn_impl == "auto" and amp is not None and device.type == "cpu"
+    model = GPT(model_cfg, CPUAutocastAttention if route else MultiHeadAttention).to(device)
     wrapped = torch.compile(model) if train_cfg.compile else model
     if world > 1:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
