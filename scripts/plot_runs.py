@@ -219,7 +219,16 @@ def report(args, levels: Optional[dict]) -> int:
         held = st.held_out(lr_runs, args.loss, plan)
         curves = {key: h["runs"] for key, h in held.items() if h["runs"]}
         note = ", each scale at its chosen LR, held-out seeds"
-        if not curves:
+        if not curves and any(h["best"] for h in held.values()):
+            # one seed: nothing is held out, so this sweep can only choose (a selection stage)
+            by_key = group_runs(lr_runs, drop=(LR_KEY,))
+            curves = {key: [r for r in by_key[key] if r.lr == h["best"]["lr"]]
+                      for key, h in held.items() if h["best"]}
+            note = ", each scale at its best LR on these seeds (chosen on them: not held out)"
+            notes.append("no seed is held out (leave one seed out needs two seeds): the curves "
+                         "show each variant at the LR these runs choose, a selection stage's "
+                         "view; read a held-out loss from a later stage (--select-from)")
+        elif not curves:
             notes.append(f"no chosen LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
     if levels is None and args.from_csv is None:
         levels, why = ngram.levels_of_runs([r.path for r in runs])

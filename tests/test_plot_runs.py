@@ -568,3 +568,22 @@ def test_lr_chosen_on_an_earlier_stage(lr_sweep, tmp_path, capsys):
     make_run(flat, ["scaling=dk", "trainer.seed=1"], [4.0, 2.0], full=2.0)
     assert report_in_process(flat, "--out", out, "--select-seeds", "1") == 2
     assert "do not vary optim.lr" in capsys.readouterr().err
+
+
+def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp_path):
+    """One seed leaves nothing to hold out: the report still names each variant's best LR and
+    draws its curves there, saying that the LR was chosen on the runs drawn."""
+    sweep = tmp_path / "multirun" / "select" / "t"
+    for scaling, losses in (("sqrt_dk", (2.0, 1.8)), ("none", (1.7, 1.9))):
+        for lr, loss in zip((1e-3, 2e-3), losses):
+            make_run(sweep, [f"optim.lr={lr}", f"scaling={scaling}", "trainer.seed=101"],
+                     [INIT, 3.0, loss + 0.1], full=loss)
+    out = tmp_path / "out"
+    proc = run_script(sweep, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    text = (out / "results.md").read_text()
+    lr_part = text.split("## Learning rate")[1]
+    assert table_row(lr_part, "scaling=sqrt_dk")[2] == "0.002 (grid edge)"
+    assert table_row(lr_part, "scaling=none")[2] == "0.001 (grid edge)"
+    assert "no seed is held out" in text.split("## Notes")[1]
+    assert (out / "loss_curves.png").stat().st_size > 0
