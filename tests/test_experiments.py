@@ -72,24 +72,24 @@ def test_every_swept_value_builds_a_valid_config(name):
                       **OmegaConf.to_container(cfg.model, resolve=True))
 
 
-def test_scaling_ablation_runs_every_scale_over_an_lr_grid_where_attention_matters():
+def test_scaling_ablation_runs_every_scale_where_attention_matters():
     cfg = compose_preset("scaling_ablation")
     assert sorted(sweep_values(cfg, "scaling")) == sorted(SCALINGS)
     assert "uniform" in SCALINGS
     assert cfg.trainer.max_steps == 2 * TrainerConfig().max_steps   # twice the default run
-    lrs = [float(v) for v in sweep_values(cfg, "optim.lr")]
-    assert lrs == sorted(lrs) and all(b / a <= 2 for a, b in zip(lrs, lrs[1:]))
-    assert cfg.optim.min_lr == 0.0        # every LR of the grid gets the same schedule shape
+    assert cfg.optim.min_lr == 0.0        # every LR gets the same schedule shape
     assert cfg.trainer.on_nan == "stop"   # a diverged run is a result, not a crash
 
 
-def test_selection_stage_is_the_same_model_on_other_seeds_and_the_same_grid():
+def test_selection_stage_is_the_same_model_on_other_seeds_over_a_factor_2_grid():
     select, report = compose_preset("scaling_ablation_select"), compose_preset("scaling_ablation")
     assert not set(SEEDS["scaling_ablation_select"]) & set(SEEDS["scaling_ablation"])
     assert sorted(sweep_values(select, "scaling")) == sorted(SCALINGS)
-    assert sorted(sweep_values(select, "optim.lr"), key=float) == sweep_values(report, "optim.lr")
+    lrs = sorted(float(v) for v in sweep_values(select, "optim.lr"))
+    assert len(lrs) >= 3 and all(b / a <= 2 for a, b in zip(lrs, lrs[1:]))
+    assert {float(v) for v in sweep_values(report, "optim.lr")} <= set(lrs)
     assert select.model == report.model and select.optim.min_lr == report.optim.min_lr
-    assert select.trainer.max_steps <= report.trainer.max_steps
+    assert select.trainer.max_steps == report.trainer.max_steps   # chosen at the full horizon
 
 
 SHRUNKEN = {   # two grid points each, one seed, sized for the tiny corpus
