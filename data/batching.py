@@ -1,13 +1,8 @@
-"""Training and validation batches from a flat token array (B global batch, b = B // world_size
-per rank, T block_size), in two packing modes (docs/data.md "Batching"):
-
-- concat (nanoGPT): each row is a random window of T + 1 tokens across document boundaries.
-- pad: each row is one piece of one document (`doc_pieces`), right-padded with pad_id, targets
-  IGNORE_INDEX at padding; pieces are visited in a fresh random order every epoch.
-
-Batch `step` is a pure function of (seed, step), so the sampler state is the step counter and a
-resumed run draws the batches of the uninterrupted one. Every rank draws the same global batch
-and keeps its rows rank*b:(rank+1)*b, so the batch does not depend on the number of processes.
+"""Training and validation batches from a flat token array (docs/data.md "Batching"): `concat`
+rows are random windows of T + 1 tokens across documents (nanoGPT), `pad` rows one piece of one
+document each, right-padded. Batch `step` is a pure function of (seed, step), so a resumed run
+draws the batches of the uninterrupted one, and every rank draws the same global batch (B rows)
+and keeps its b = B // world_size rows, so the batch does not depend on the number of processes.
 """
 
 from dataclasses import dataclass

@@ -1,9 +1,8 @@
-"""The token cache on disk (data/prepare.py builds it; docs/data.md "The token cache"):
+"""The token cache on disk (built by data/prepare.py; docs/data.md "The token cache"):
 
     <cache_root>/tokens/<name>-<tokenizer>[<vocab>]-<key[:16]>/
         tokenizer.json                 the tokenizer (train.py copies it into each run directory)
-        train-00000.bin, val-00000.bin, ...   uint16/uint32 token ids in shards of
-                                       `shard_tokens`, documents joined by EOT
+        train-00000.bin, val-00000.bin, ...    uint16/uint32 ids, documents joined by EOT
         train_docs.bin, val_docs.bin   int64 start offset of each document in its split
         meta.json                      counts, shard sizes, content sha256 (written last)
 """

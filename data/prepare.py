@@ -1,10 +1,9 @@
 """prepare(cfg): find or build the token cache of a data config (data/cache.py), memory-mapped.
 
-The cache key is the source's identity, not its content, so a cached start reads no corpus;
-`data.verify=true` re-reads it against the sha256 recorded at build time. A build streams the
-corpus at most twice (the tokenizer, then encoding) in bounded memory: each batch is encoded on a
-worker thread while the next is read. Concurrent runs preparing one key (a sweep, DDP ranks)
-serialise on a file lock: the first builds, the rest load what it built.
+The key is the source's identity, not its content, so a cached start reads no corpus
+(`data.verify=true` re-reads it against the sha256 recorded at build time). A build streams the
+corpus at most twice (tokenizer, then encoding) in bounded memory; concurrent runs preparing one
+key (a sweep, DDP ranks) serialise on a file lock: the first builds, the rest load its result.
 """
 
 import hashlib
@@ -103,22 +102,17 @@ def cache_key(cfg: DataConfig, source) -> str:
     return f"{cfg.name}-{cfg.tokenizer}{cfg.vocab_size if bpe else ''}-{digest[:16]}"
 
 
-def token_dtype(requested: str, vocab_size: int) -> str:
-    if requested == "auto":
-        return "uint16" if vocab_size <= UINT16_IDS else "uint32"
-    if requested == "uint16" and vocab_size > UINT16_IDS:
-        raise DataError(f"The vocabulary has {vocab_size} ids but data.token_dtype=uint16 holds "
-                        f"at most {UINT16_IDS}; set data.token_dtype=uint32 (or auto), or use a "
-                        "smaller data.vocab_size.")
-    return requested
-
-
 def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = True) -> None:
-    """Tokenise both splits into a temporary folder, then rename it to `key` in one step, so a
-    folder with the final name is complete."""
+    """Tokenise both splits into a temporary folder, then rename it to `key` in one step."""
     start = time.perf_counter()
     tok = build_tokenizer(cfg, source)
-    dtype = token_dtype(cfg.token_dtype, tok.get_vocab_size())
+    vocab = tok.get_vocab_size()
+    auto = "uint16" if vocab <= UINT16_IDS else "uint32"
+    dtype = auto if cfg.token_dtype == "auto" else cfg.token_dtype
+    if dtype == "uint16" and vocab > UINT16_IDS:
+        raise DataError(f"The vocabulary has {vocab} ids but data.token_dtype=uint16 holds at "
+                        f"most {UINT16_IDS}; set data.token_dtype=uint32 (or auto), or use a "
+                        "smaller data.vocab_size.")
     trained = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=tokens_dir))
     try:
@@ -130,10 +124,9 @@ def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = 
             bar = tqdm(total=source.size(split), desc=f"{cfg.name} {split}", unit="B",
                        unit_scale=True, unit_divisor=1000, disable=None if progress else True,
                        leave=False)
-            splits[split], digests[split] = write_split(
-                encoder, source.pieces(split), cache.ShardWriter(tmp, split, dtype,
-                                                                 cfg.shard_tokens),
-                tok.token_to_id(EOT), bar)
+            writer = cache.ShardWriter(tmp, split, dtype, cfg.shard_tokens)
+            splits[split], digests[split] = write_split(encoder, source.pieces(split), writer,
+                                                        tok.token_to_id(EOT), bar)
             if splits[split]["tokens"] == 0:
                 raise DataError(f"The {split} split of data={cfg.name} (source {cfg.source}) is "
                                 "empty after reading; point the config at files or a split "
@@ -141,7 +134,7 @@ def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = 
         meta = {
             "format": cache.FORMAT_VERSION, "key": key, "name": cfg.name, "source": cfg.source,
             "document": cfg.document, "tokenizer": cfg.tokenizer,
-            "vocab_size": tok.get_vocab_size(), "requested_vocab_size": cfg.vocab_size,
+            "vocab_size": vocab, "requested_vocab_size": cfg.vocab_size,
             "dtype": dtype, "pad_id": tok.token_to_id(PAD), "eot_id": tok.token_to_id(EOT),
             "shard_tokens": cfg.shard_tokens, "content_sha256": digests, "splits": splits,
             "bytes_per_token": {s: splits[s]["bytes_per_token"] for s in splits},
@@ -160,9 +153,7 @@ def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = 
 def write_split(encoder, pieces: Iterable[Piece], writer: cache.ShardWriter, eot: int,
                 bar) -> tuple[dict, str]:
     """Encode a split's pieces into `writer`, one EOT after each document; return its counts
-    and the sha256 of the pieces read (data.verify compares it). bytes_per_token = UTF-8 bytes /
-    tokens including the EOTs, so bits per byte = loss / ln(2) / bytes_per_token. Whitespace-only
-    documents are dropped."""
+    and the sha256 of the pieces read. bits per byte = loss / ln(2) / bytes_per_token."""
     digest, counts = hashlib.sha256(), {"characters": 0, "bytes": 0}
 
     def write(texts, starts, ends, read: int, encoded) -> None:
@@ -192,8 +183,9 @@ def write_split(encoder, pieces: Iterable[Piece], writer: cache.ShardWriter, eot
 
 
 def batches(pieces: Iterable[Piece], digest, counts: dict):
-    """(texts, starts a document, ends a document, bytes read) batches of the written pieces;
-    `digest` hashes every piece read, with b"\\xff" (never in UTF-8 text) after each document."""
+    """(texts, starts a document, ends a document, bytes read) batches of the pieces to write,
+    whitespace-only documents dropped; `digest` hashes every piece read, with b"\\xff" (never in
+    UTF-8 text) after each document."""
     texts, starts, ends, n_chars, read = [], [], [], 0, 0
     open_doc, held = False, ""   # held: leading whitespace of a document not yet started
     for text, end in pieces:

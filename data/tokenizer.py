@@ -1,13 +1,8 @@
-"""Documents to token ids (docs/data.md "Tokenizers"): `char`, one id per character of both
-splits, and `bpe`, byte-level BPE (GPT-2 pre-tokenisation) trained on a sample of the training
-split. Both are `tokenizers` objects with pad = 0 and end-of-text = 1, saved as tokenizer.json;
-`char` writes the shards through `CharTable`, a lookup table with the same ids.
-
-Documents arrive in pieces cut at *safe cuts* only: after a newline between two non-space
-characters (`x\\n|y`), else before a single space between two (`x| y`). GPT-2's pre-tokenizer
-never joins text across one, so the pieces encode to the ids of the whole document. A stretch of
-`CUT_WINDOW` characters without one is cut between two non-space characters: exact for `char`,
-for `bpe` it can split one pre-token.
+"""Documents to token ids (docs/data.md "Tokenizers"): `char`, one id per character (written
+through the lookup table `CharTable`), and `bpe`, byte-level BPE; pad = 0, end-of-text = 1.
+Pieces are cut only at *safe cuts*, after a newline between two non-space characters (`x\\n|y`)
+or before a single space between two (`x| y`): GPT-2's pre-tokenizer never joins text across one,
+so pieces encode to the ids of the whole document (without one in CUT_WINDOW characters, any cut).
 """
 
 import array
@@ -62,9 +57,8 @@ def build_bpe(train: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def bpe_sample(source, max_bytes: int) -> Iterator[str]:
-    """Every k-th exact piece of the training split, k chosen so that about `max_bytes` are
-    taken: deterministic, spread over the whole split, and all of it when the split is smaller.
-    A split of unknown size (streamed) gives its first `max_bytes`."""
+    """Every k-th exact piece of the training split, k chosen to take about `max_bytes` spread
+    over the split (all of a smaller split; the first `max_bytes` of one of unknown size)."""
     size = source.size("train")
     stride = max(1, math.ceil(size / max_bytes)) if size else 1
     taken, i = 0, 0
@@ -148,8 +142,7 @@ class CharTable:
 
 
 def bpe_encode_batch(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """texts -> (flat ids, ids per text), through `tokenizers`' parallel batch encoding of the
-    texts' exact pieces."""
+    """texts -> (flat ids, ids per text): their exact pieces, encoded in parallel."""
     pieces = [exact_pieces(t, BPE_PIECE_CHARS) for t in texts]
     owner = np.repeat(np.arange(len(texts)), [len(p) for p in pieces])   # (n_pieces,)
     encodings = tok.encode_batch_fast(list(itertools.chain.from_iterable(pieces)),

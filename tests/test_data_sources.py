@@ -22,7 +22,6 @@ from data.sources import (
     read_archive,
     record_pieces,
     split_tail,
-    whole,
     works_corpus,
 )
 from model.errors import DataError
@@ -107,6 +106,10 @@ def test_split_tail_takes_the_last_fraction_on_a_line(tmp_path):
     one_line = write(tmp_path / "l.txt", "\u00e9" * 10)   # no newline: a character boundary
     assert split_tail([whole(one_line)], 0.35) == ([Segment(one_line, 0, 14)],
                                                    [Segment(one_line, 14, 20)])
+
+
+def whole(path: Path) -> Segment:
+    return Segment(path, 0, path.stat().st_size)
 
 
 def write(path: Path, data) -> Path:
