@@ -117,11 +117,9 @@ def open_split(folder: Path, split: str, meta: dict) -> tuple[ShardedTokens, np.
         have = (folder / name).stat().st_size if (folder / name).is_file() else None
         if have != size:
             state = "is missing" if have is None else f"has {have} bytes instead of {size}"
-            raise DataError(
-                f"The token cache {folder} is damaged: {name} {state} (meta.json lists "
-                f"{len(shards)} {split} shards). The folder was changed after it was built; "
-                f"delete it (`rm -r {folder}`) and run again to rebuild it. Other cache folders "
-                "are not affected.")
+            raise DataError(f"The token cache {folder} is damaged: {name} {state} (meta.json "
+                            f"lists {len(shards)} {split} shards). Delete it (`rm -r {folder}`) "
+                            "and run again to rebuild it. Other cache folders are not affected.")
     tokens = ShardedTokens([folder / s for s in shards], info["shards"], meta["dtype"])
     docs = np.memmap(folder / f"{split}_docs.bin", dtype=np.int64, mode="r",
                      shape=(info["documents"],)) if info["documents"] else np.zeros(0, np.int64)

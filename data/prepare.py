@@ -183,9 +183,8 @@ def write_split(encoder, pieces: Iterable[Piece], writer: cache.ShardWriter, eot
 
 
 def batches(pieces: Iterable[Piece], digest, counts: dict):
-    """(texts, starts a document, ends a document, bytes read) batches of the pieces to write,
-    whitespace-only documents dropped; `digest` hashes every piece read, with b"\\xff" (never in
-    UTF-8 text) after each document."""
+    """(texts, starts a document, ends a document, bytes read) batches of the non-blank documents'
+    pieces; `digest` hashes every piece read, and b"\\xff" (never in UTF-8) after each document."""
     texts, starts, ends, n_chars, read = [], [], [], 0, 0
     open_doc, held = False, ""   # held: leading whitespace of a document not yet started
     for text, end in pieces:
@@ -232,8 +231,7 @@ def verify(source, data: PreparedData) -> None:
         for _ in batches(source.pieces(split), digest, {"characters": 0, "bytes": 0}):
             pass   # the pieces hashed as write_split hashed them
         if digest.hexdigest() != data.meta["content_sha256"][split]:
-            raise DataError(
-                f"data.verify: the {split} split of data={data.meta['name']} differs from the "
-                f"text the cache {data.folder} was built from, although the files' paths, sizes, "
-                "modification times and sampled blocks match (the content was rewritten in "
-                f"place). Delete the folder (`rm -r {data.folder}`) and run again to rebuild it.")
+            raise DataError(f"data.verify: the {split} split of data={data.meta['name']} differs "
+                            f"from the text the cache {data.folder} was built from (rewritten in "
+                            f"place, same paths, sizes and times). Delete the folder (`rm -r "
+                            f"{data.folder}`) and run again to rebuild it.")

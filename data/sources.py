@@ -302,11 +302,10 @@ class HubSource:
     def __init__(self, cfg: DataConfig):
         self.cfg, self.local = cfg, os.path.isdir(cfg.hub_id)
         if not self.local and not cfg.hub_revision:
-            raise DataError(f"data.hub_id={cfg.hub_id!r} has no data.hub_revision: pin a hub "
-                            "dataset to a commit sha (or a ref such as refs/convert/parquet for "
-                            "one published as a loading script), so that its token cache always "
-                            "holds the same text; the dataset page lists its commits under "
-                            "'Files and versions'.")
+            raise DataError(f"data.hub_id={cfg.hub_id!r} has no data.hub_revision: pin it to a "
+                            "commit sha from the dataset page's 'Files and versions' (or a ref "
+                            "such as refs/convert/parquet), so its token cache always holds the "
+                            "same text.")
         self.splits = {}
         for split in ("train", "val"):
             spec = getattr(cfg, f"{split}_split")
@@ -349,7 +348,16 @@ class HubSource:
             return datasets.load_dataset(cfg.hub_id, cfg.hub_config, streaming=cfg.streaming,
                                          revision=None if self.local else cfg.hub_revision)
         except Exception as e:   # datasets raises many types (ConnectionError, HfHub...)
-            raise load_error(cfg, e, datasets.config.HF_HUB_OFFLINE) from None
+            where = ("HF_HUB_OFFLINE is set, so only the local Hugging Face cache was searched"
+                     if datasets.config.HF_HUB_OFFLINE else "endpoint " + os.environ.get(
+                         "HF_ENDPOINT", "https://huggingface.co") + "; set HF_ENDPOINT for a "
+                     "mirror, HTTPS_PROXY for a proxy, or HF_HUB_OFFLINE=1")
+            raise DataError(
+                f"Could not load dataset {cfg.hub_id!r} (config {cfg.hub_config!r}, revision "
+                f"{cfg.hub_revision!r}) for data={cfg.name}: {' '.join(str(e).split())[:300]} "
+                f"({where}). Check the id and revision on the dataset page; to train without "
+                "the hub, use data=text, or set data.hub_id to a local folder laid out like a "
+                "hub dataset (README.md `configs:` block + parquet files).") from None
 
     def _split(self, split: str):
         (name, lo, hi), field = self.splits[split], self.cfg.text_field
@@ -364,20 +372,6 @@ class HubSource:
         ds = ds.select_columns([field])
         ds = ds.skip(lo) if lo else ds
         return ds.take(hi - (lo or 0)) if hi is not None else ds
-
-
-def load_error(cfg: DataConfig, e: Exception, offline: bool) -> DataError:
-    """`offline`: datasets.config.HF_HUB_OFFLINE, which the variable sets when datasets loads."""
-    offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    where = ("HF_HUB_OFFLINE is set, so only the local Hugging Face cache was searched" if offline
-             else f"endpoint {os.environ.get('HF_ENDPOINT', 'https://huggingface.co')}; set "
-             "HF_ENDPOINT for a mirror, HTTPS_PROXY for a proxy, or HF_HUB_OFFLINE=1")
-    return DataError(f"Could not load dataset {cfg.hub_id!r} (config {cfg.hub_config!r}, "
-                     f"revision {cfg.hub_revision!r}) for data={cfg.name}: "
-                     f"{' '.join(str(e).split())[:300]} ({where}). Check the id and revision on "
-                     "the dataset page; to train without the hub, use data=text with "
-                     "data.train_files=[...], or set data.hub_id to a local folder laid out like "
-                     "a hub dataset (README.md `configs:` block + parquet files).")
 
 
 # Records (a work, a file, a hub row) as documents. Safe cuts never fall inside a run of line
