@@ -29,14 +29,10 @@ def default_cache_root(cache_dir=None) -> Path:
 @contextmanager
 def file_lock(path: Path):
     """Hold an exclusive `fcntl.flock` on `path` (created if needed) for the block: the kernel
-    releases it when the holder exits or crashes, so a killed run leaves no stale lock."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)   # blocks while another process prepares
+    releases it when the file closes, also when the holder crashes, so no stale lock is left."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)   # blocks while another process holds it
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def shard_name(split: str, index: int) -> str:

@@ -265,7 +265,8 @@ def read_segment(seg: Segment) -> Iterator[str]:
 
 
 def split_tail(segments: list[Segment], fraction: float) -> tuple[list[Segment], list[Segment]]:
-    """Move the last `fraction` of the bytes into validation, cut at the start of a line."""
+    """Move the last `fraction` of the bytes into validation, cut at the start of the line that
+    holds the cut (without a newline before it, at the next character boundary)."""
     want = int(round(fraction * sum(s.end - s.start for s in segments)))
     train, val = list(segments), []
     while train and want > 0:
@@ -274,22 +275,15 @@ def split_tail(segments: list[Segment], fraction: float) -> tuple[list[Segment],
             val.insert(0, last)
             want -= last.end - last.start
             continue
-        cut = line_start_before(last.path, last.end - want, last.start)
+        pos = last.end - want
+        with open(last.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            nl, head = mm.rfind(b"\n", last.start, pos), mm[pos:pos + 4]
+        cut = nl + 1 if nl >= 0 else pos + next(
+            (i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))
         train.append(Segment(last.path, last.start, cut))
         val.insert(0, Segment(last.path, cut, last.end))
         break
     return [s for s in train if s.end > s.start], val
-
-
-def line_start_before(path: Path, pos: int, lo: int) -> int:
-    """The start of the line holding byte `pos` (looking back no further than `lo`); without a
-    newline there, the first character boundary at or after `pos`."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        nl = mm.rfind(b"\n", lo, pos)
-        head = mm[pos:pos + 4]
-    if nl >= 0:
-        return nl + 1
-    return pos + next((i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))
 
 
 # hub: corpora through `datasets.load_dataset`, which applies its own offline and proxy settings.

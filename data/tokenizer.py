@@ -1,8 +1,9 @@
-"""Documents to token ids (docs/data.md "Tokenizers"): `char`, one id per character (written
-through the lookup table `CharTable`), and `bpe`, byte-level BPE; pad = 0, end-of-text = 1.
-Pieces are cut only at *safe cuts*, after a newline between two non-space characters (`x\\n|y`)
-or before a single space between two (`x| y`): GPT-2's pre-tokenizer never joins text across one,
-so pieces encode to the ids of the whole document (without one in CUT_WINDOW characters, any cut).
+"""Documents to token ids (docs/data.md "Tokenizers"): `char`, one id per character (the shards
+are written through the lookup table `CharTable`), and `bpe`, byte-level BPE; pad 0, EOT 1.
+Pieces of a document are cut only at *safe cuts*: after a newline between two non-space
+characters (`x\\n|y`), else before a single space between two (`x| y`). GPT-2's pre-tokenizer
+never joins text across one, so pieces encode to the ids of the whole document; a CUT_WINDOW
+stretch without one is cut between two non-space characters (for bpe, maybe inside a word).
 """
 
 import array
@@ -23,7 +24,7 @@ N_CODE_POINTS = 0x110000
 BPE_PIECE_CHARS = 1 << 12    # BPE encodes and trains on exact pieces of about this size
 CUT_WINDOW = 1 << 16         # how far back from the end of a buffer a safe cut is looked for
 SPLITS = ("train", "val")
-_SPECIAL = re.compile("|".join(map(re.escape, SPECIALS)))
+_SPECIAL = re.compile("(" + "|".join(map(re.escape, SPECIALS)) + ")")
 _SAFE_CUT = re.compile(r"\S\n(?=\S)|\S(?= \S)")
 _NON_SPACE_PAIR = re.compile(r"\S(?=\S)")   # the fallback: no whitespace rule can match here
 
@@ -61,15 +62,14 @@ def bpe_sample(source, max_bytes: int) -> Iterator[str]:
     over the split (all of a smaller split; the first `max_bytes` of one of unknown size)."""
     size = source.size("train")
     stride = max(1, math.ceil(size / max_bytes)) if size else 1
-    taken, i = 0, 0
-    for text, _ in source.pieces("train"):
-        for piece in exact_pieces(text, BPE_PIECE_CHARS):
-            if i % stride == 0 and piece:
-                yield piece
-                taken += len(piece)
-                if taken >= max_bytes:
-                    return
-            i += 1
+    pieces = (p for text, _ in source.pieces("train") for p in exact_pieces(text, BPE_PIECE_CHARS))
+    taken = 0
+    for i, piece in enumerate(pieces):
+        if i % stride == 0 and piece:
+            yield piece
+            taken += len(piece)
+            if taken >= max_bytes:
+                return
 
 
 def alphabet_of(texts: Iterable[str], group_chars: int = 1 << 20) -> list[str]:
@@ -119,12 +119,10 @@ class CharTable:
     def encode(self, text: str) -> np.ndarray:
         """(n,) uint32 ids, the same as `encode(tok, text)`: special-token strings included."""
         if "<|" in text and _SPECIAL.search(text):   # rare: a literal <|endoftext|> in the text
-            parts, pos = [], 0
-            for m in _SPECIAL.finditer(text):
-                parts += [self.encode(text[pos:m.start()]),
-                          np.array([self.specials[m[0]]], dtype=np.uint32)]
-                pos = m.end()
-            return np.concatenate(parts + [self.encode(text[pos:])]).astype(np.uint32)
+            parts = _SPECIAL.split(text)   # text, special, text, ..., text
+            return np.concatenate([self.encode(p) if i % 2 == 0 else
+                                   np.array([self.specials[p]], np.uint32)
+                                   for i, p in enumerate(parts)]).astype(np.uint32)
         ids = self.table[code_points(text)]
         if len(ids) and ids.min() < 0:
             raise unknown_chars({c for c in text if self.table[ord(c)] < 0})
