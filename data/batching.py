@@ -1,20 +1,8 @@
-"""Training and validation batches from a flat token array, in two packing modes.
-
-Dimension letters: B global batch, b per-rank batch (B // world_size), T block_size.
-
-- concat (nanoGPT): each row is a random window of T + 1 consecutive tokens of the split,
-  crossing document boundaries (documents are separated by EOT); idx = window[:-1],
-  targets = window[1:]. No padding, valid_mask is None.
-- pad: each row is one chunk of one document: documents are cut at multiples of T into pieces
-  of up to T + 1 tokens (consecutive pieces overlap by one token, so every next-token pair is
-  trained once per epoch), right-padded to T with pad_id; targets are IGNORE_INDEX at padding
-  and valid_mask marks real tokens. Pieces are visited in a fresh random order every epoch.
-
-Batch number `step` is a pure function of (seed, step): drawn from
-`np.random.default_rng([seed, step])` (concat) or the permutation of epoch `step * B // n_pieces`
-(pad), so the sampler state is the step counter and a resumed run draws the batches of the
-uninterrupted one. Every rank draws the same global batch and keeps rows rank*b:(rank+1)*b, so
-the global batch does not depend on the number of processes.
+"""Training and validation batches from a flat token array (docs/data.md "Batching"): `concat`
+rows are random windows of T + 1 tokens across documents (nanoGPT), `pad` rows one piece of one
+document each, right-padded. Batch `step` is a pure function of (seed, step), so a resumed run
+draws the batches of the uninterrupted one, and every rank draws the same global batch (B rows)
+and keeps its b = B // world_size rows, so the batch does not depend on the number of processes.
 """
 
 from dataclasses import dataclass
@@ -37,7 +25,14 @@ class Batch:
 class Batcher:
     def __init__(self, tokens, docs, *, block_size: int, batch_size: int, packing: str,
                  pad_id: int, seed: int, rank: int = 0, world_size: int = 1):
-        _check(len(tokens), block_size, batch_size, packing, rank, world_size)
+        if batch_size % world_size:
+            raise DataError(f"The global batch_size={batch_size} must split evenly over "
+                            f"world_size={world_size} processes; choose a batch size that is a "
+                            "multiple of the number of processes.")
+        if packing == "concat" and len(tokens) < block_size + 1:
+            raise DataError(f"The split has {len(tokens)} tokens, shorter than one block of "
+                            f"block_size + 1 = {block_size + 1}; use a smaller block_size or a "
+                            "larger corpus.")
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.packing, self.pad_id, self.seed = packing, pad_id, seed
         b = batch_size // world_size
@@ -96,18 +91,15 @@ class Batcher:
         targets = torch.from_numpy(rows[:, 1:].copy())       # (b, T)
         if self.packing == "concat":
             return Batch(idx, targets, None)
-        pos = torch.arange(T + 1)                             # (T + 1,)
-        real = pos[None, :] < torch.from_numpy(lengths)[:, None]   # (b, T + 1)
+        real = torch.arange(T + 1)[None, :] < torch.from_numpy(lengths)[:, None]   # (b, T + 1)
         targets[~real[:, 1:]] = IGNORE_INDEX
         return Batch(idx, targets, real[:, :-1].contiguous())
 
 
 def doc_pieces(docs, n_tokens: int, block_size: int) -> np.ndarray:
-    """(n_pieces, 2) array of (start, length): documents cut every T tokens, T + 1 long at most.
-
-    A piece needs at least 2 tokens (one input, one target); shorter tails are dropped because
-    the previous piece already trains on their only token as a target.
-    """
+    """(n_pieces, 2) array of (start, length): documents cut every T tokens into pieces of up to
+    T + 1 (consecutive ones overlap by one token, so each next-token pair is trained once per
+    epoch). A tail of 1 token is dropped: the previous piece already has it as a target."""
     starts = np.asarray(docs, dtype=np.int64)                        # (n_docs,)
     ends = np.append(starts[1:], n_tokens)                             # (n_docs,)
     # piece j of a document starts at start + j*T while it still has a target: j*T < len - 1
@@ -120,24 +112,7 @@ def doc_pieces(docs, n_tokens: int, block_size: int) -> np.ndarray:
 
 
 def fixed_batches(tokens, docs, *, n_batches: int, **batcher_args) -> list[Batch]:
-    """The same `n_batches` validation batches at every evaluation: the first batches of a
-    fresh Batcher (`batcher_args` are its keyword arguments)."""
-    if n_batches < 1:
-        raise DataError(f"n_batches={n_batches} validation batches: use at least 1.")
+    """The same validation batches at every evaluation: the first `n_batches` of a fresh
+    Batcher (`batcher_args` are its keyword arguments)."""
     batcher = Batcher(tokens, docs, **batcher_args)
     return [batcher.next() for _ in range(n_batches)]
-
-
-def _check(n_tokens, block_size, batch_size, packing, rank, world_size) -> None:
-    if packing not in ("concat", "pad"):
-        raise DataError(f"packing={packing!r} is unknown; use concat or pad.")
-    if block_size < 1 or batch_size < 1:
-        raise DataError(f"block_size={block_size} and batch_size={batch_size} must be >= 1.")
-    if world_size < 1 or not 0 <= rank < world_size or batch_size % world_size:
-        raise DataError(f"The global batch_size={batch_size} must split evenly over "
-                        f"world_size={world_size} processes (rank={rank}); choose a batch size "
-                        "that is a multiple of the number of processes.")
-    if packing == "concat" and n_tokens < block_size + 1:
-        raise DataError(f"The split has {n_tokens} tokens, shorter than one block of "
-                        f"block_size + 1 = {block_size + 1}; use a smaller block_size or a "
-                        "larger corpus.")

@@ -1,8 +1,7 @@
 """DataConfig: which corpus, which tokenizer, how batches are packed (Hydra group `data`).
 
 The defaults are the default corpus (Shakespeare, char); each configs/data/*.yaml states only
-where its corpus differs. Validation runs when the config is built, so a typo in a source name
-fails before anything is downloaded or tokenised.
+where its corpus differs. A config validates itself when built, before anything is downloaded.
 """
 
 from dataclasses import dataclass
@@ -10,21 +9,15 @@ from typing import Optional
 
 from model.errors import DataError, invalid
 
-TASKS = ("copy", "mqar")
-SOURCES = ("shakespeare", "hub", "text", "recall")
-TOKENIZERS = ("char", "bpe")
-PACKINGS = ("concat", "pad")
-TOKEN_DTYPES = ("auto", "uint16", "uint32")
 # What one document is, per source; the padded batching mode never crosses a document.
-DOCUMENTS = {
-    "shakespeare": ("work",),
-    "hub": ("row", "line", "paragraph", "article"),
-    "text": ("file", "line", "paragraph"),
-    "recall": ("sequence",),
-}
+DOCUMENTS = {"shakespeare": ("work",), "hub": ("row", "line", "paragraph", "article"),
+             "text": ("file", "line", "paragraph"), "recall": ("sequence",)}
 # Byte-level BPE needs its 256 byte symbols plus the two special tokens; uint32 ids cap the top.
-MIN_BPE_VOCAB = 256 + 2
-MAX_VOCAB = 2**32 - 1
+MIN_BPE_VOCAB, MAX_VOCAB = 256 + 2, 2**32 - 1
+
+
+def bad(key: str, value, fix: str) -> DataError:
+    return invalid(f"data.{key}", value, fix, DataError)
 
 
 @dataclass(frozen=True)
@@ -63,65 +56,57 @@ class DataConfig:
 
     def __post_init__(self):
         for key, choices, note in (
-                ("source", SOURCES, " (or pick a file from configs/data/ with data=<name>)"),
-                ("tokenizer", TOKENIZERS, ""), ("packing", PACKINGS, ""),
+                ("source", tuple(DOCUMENTS), " (or pick a file from configs/data/ with "
+                 "data=<name>)"), ("tokenizer", ("char", "bpe"), ""),
+                ("packing", ("concat", "pad"), ""),
                 ("document", DOCUMENTS.get(self.source, ()), f" for source {self.source!r}"),
-                ("token_dtype", TOKEN_DTYPES, " (auto: uint16 when the vocabulary fits in "
-                 "65,536 ids, else uint32)")):
+                ("token_dtype", ("auto", "uint16", "uint32"), " (auto: uint16 when the "
+                 "vocabulary fits in 65,536 ids, else uint32)")):
             if getattr(self, key) not in choices:
-                raise invalid(f"data.{key}", getattr(self, key),
-                              f"choose one of {', '.join(choices)}{note}.", DataError)
+                raise bad(key, getattr(self, key), f"choose one of {', '.join(choices)}{note}.")
         if not self.name or "/" in self.name or self.name.startswith("."):
-            raise invalid("data.name", self.name,
-                          "use a short non-empty name without '/', it becomes part of the "
-                          "cache folder name.", DataError)
+            raise bad("name", self.name, "use a short non-empty name without '/', it becomes "
+                      "part of the cache folder name.")
         if self.tokenizer == "bpe" and not MIN_BPE_VOCAB <= self.vocab_size <= MAX_VOCAB:
-            raise invalid("data.vocab_size", self.vocab_size,
-                          f"byte-level BPE needs at least {MIN_BPE_VOCAB} ids (256 bytes + pad "
-                          f"+ end-of-text) and at most {MAX_VOCAB} (the uint32 token file "
-                          "limit).", DataError)
+            raise bad("vocab_size", self.vocab_size, f"byte-level BPE needs at least "
+                      f"{MIN_BPE_VOCAB} ids (256 bytes + pad + end-of-text) and at most "
+                      f"{MAX_VOCAB} (the uint32 token file limit).")
         if self.source == "recall":
             self._check_recall()
         if self.source == "hub" and not self.hub_id:
-            raise invalid("data.hub_id", self.hub_id,
-                          "the hub source needs a dataset id such as 'Salesforce/wikitext' or "
-                          "a local folder laid out like a hub dataset.", DataError)
+            raise bad("hub_id", self.hub_id, "the hub source needs a dataset id such as "
+                      "'Salesforce/wikitext' or a local folder laid out like a hub dataset.")
         if self.source == "text" and not self.train_files:
-            raise invalid("data.train_files", self.train_files,
-                          "the text source needs a list of files or globs, e.g. "
-                          "data.train_files=[/path/to/*.txt].", DataError)
+            raise bad("train_files", self.train_files, "the text source needs a list of files "
+                      "or globs, e.g. data.train_files=[/path/to/*.txt].")
         if self.shard_tokens < 1 or self.bpe_sample_mb < 1:
-            raise invalid("data.shard_tokens/bpe_sample_mb",
-                          (self.shard_tokens, self.bpe_sample_mb),
-                          "both must be positive integers.", DataError)
+            raise bad("shard_tokens/bpe_sample_mb", (self.shard_tokens, self.bpe_sample_mb),
+                      "both must be positive integers.")
         if not 0.0 < self.val_fraction < 1.0:
-            raise invalid("data.val_fraction", self.val_fraction,
-                          "use a fraction strictly between 0 and 1 (used by the text source "
-                          "when val_files is not given).", DataError)
+            raise bad("val_fraction", self.val_fraction, "use a fraction strictly between 0 "
+                      "and 1 (used by the text source when val_files is not given).")
 
     def _check_recall(self) -> None:
-        """The recall knobs, validated when a DataConfig with source=recall is built."""
-        if self.task not in TASKS:
-            raise invalid("data.task", self.task, f"choose one of {', '.join(TASKS)} (copy: "
-                          "induction copy, the default; mqar: associative recall).", DataError)
+        if self.task not in ("copy", "mqar"):
+            raise bad("task", self.task, "choose one of copy, mqar (copy: induction copy, the "
+                      "default; mqar: associative recall).")
         for key in ("num_values", "num_keys", "num_kv_pairs", "seq_len", "copy_len",
                     "val_sequences"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise invalid(f"data.{key}", getattr(self, key), "use a positive integer.",
-                              DataError)
+                raise bad(key, getattr(self, key), "use a positive integer.")
         seg_len = self.seq_len - self.copy_len
         if self.task == "copy" and not self.copy_len <= seg_len <= self.num_values:
-            raise invalid("data.copy_len/seq_len", (self.copy_len, self.seq_len),
-                          "the copy task repeats the first copy_len symbols of a segment of "
-                          "seq_len - copy_len distinct symbols, so it needs copy_len <= seq_len - "
-                          f"copy_len <= data.num_values={self.num_values}; lower copy_len or "
-                          "seq_len, or raise num_values.", DataError)
+            raise bad("copy_len/seq_len", (self.copy_len, self.seq_len), "the copy task "
+                      "repeats the first copy_len symbols of a segment of seq_len - copy_len "
+                      "distinct symbols, so it needs copy_len <= seq_len - copy_len <= "
+                      f"data.num_values={self.num_values}; lower copy_len or seq_len, or raise "
+                      "num_values.")
         if self.task == "mqar" and (self.seq_len % 2 or 4 * self.num_kv_pairs > self.seq_len or
                                    self.num_kv_pairs > min(self.num_keys, self.num_values)):
-            raise invalid("data.num_kv_pairs/seq_len", (self.num_kv_pairs, self.seq_len),
-                          "mqar needs an even seq_len with 4 * num_kv_pairs <= seq_len (pairs, "
-                          "then query slots with filler between) and num_kv_pairs <= num_keys "
-                          "and <= num_values (distinct keys and values).", DataError)
+            raise bad("num_kv_pairs/seq_len", (self.num_kv_pairs, self.seq_len), "mqar needs "
+                      "an even seq_len with 4 * num_kv_pairs <= seq_len (pairs, then query "
+                      "slots with filler between) and num_kv_pairs <= num_keys and <= "
+                      "num_values (distinct keys and values).")
         if self.task == "mqar" and not 0 < self.power_a <= 1:
-            raise invalid("data.power_a", self.power_a, "use a number in (0, 1] (Zoology's 0.01 "
-                          "puts most queries early; 1 spreads them evenly).", DataError)
+            raise bad("power_a", self.power_a, "use a number in (0, 1] (Zoology's 0.01 puts "
+                      "most queries early; 1 spreads them evenly).")

