@@ -33,7 +33,7 @@ from tqdm import tqdm
 from model.errors import ConfigError, UserError
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world_size
-from trainer.evaluate import describe, describe_full, evaluate, evaluate_full, write_samples
+from trainer.evaluate import describe, evaluate, evaluate_full, write_samples
 from trainer.launch import (
     end_job,
     export_submitit_ranks,
@@ -150,7 +150,7 @@ def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock") -> 
     weights, summary.json, the end of this segment in run.json."""
     full = {} if diverged else evaluate_full(run)
     if full:
-        out.say(describe_full(full))
+        out.say(describe(full))
     if run.compute.rank == 0 and not diverged and run.config.train_cfg.sample_prompts:
         write_samples(run, out.path, out.best)
     run.state.progress.wall_s = clock.wall_s()
