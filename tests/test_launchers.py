@@ -23,7 +23,7 @@ from test_train import CONFIGS, ROOT, make_config, records, tiny  # noqa: F401 (
 import train
 from trainer import launch
 from trainer.build import MAX_AUTO_THREADS, choose_threads
-from trainer.resume import resume_commands
+from trainer.launch import resume_commands
 from trainer.schema import register_configs
 
 

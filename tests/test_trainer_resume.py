@@ -15,7 +15,7 @@ from test_train import ROOT, make_config, records, run_cli, tiny  # noqa: F401 (
 
 import train
 from model.errors import UserError
-from trainer.signals import Interrupted
+from trainer.launch import Interrupted
 
 
 def interrupted_then_resumed(tiny, tmp_path, monkeypatch, extra,  # noqa: F811

@@ -177,7 +177,7 @@ def wandb_names(run_dir: Path) -> dict[str, str]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from trainer.resume import shown
+    from trainer.launch import shown
 
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         sweep = Path(HydraConfig.get().sweep.dir)

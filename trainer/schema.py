@@ -1,9 +1,8 @@
-"""Training configs (optim, trainer) and the typed Hydra schema of the whole config.
+"""Training configs (optim, trainer), the typed Hydra schema and the check of group overrides.
 
 The frozen dataclasses (these, GPTConfig, ScalingConfig, DataConfig) validate themselves and
-hold the defaults; a file in configs/<group>/ states only what its option changes. Hydra needs
-mutable dataclasses to merge overrides into (a frozen one makes OmegaConf's node read-only), so
-`hydra_schema` derives a mutable copy with the same fields: a typo or a wrongly typed override
+hold the defaults; a file in configs/<group>/ states only what its option changes. Hydra merges
+overrides into mutable copies of them (`hydra_schema`), so a typo or a wrongly typed override
 (`model.n_head=abc`) fails when Hydra composes the config.
 """
 
@@ -11,6 +10,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
@@ -19,6 +19,8 @@ from model.errors import ConfigError, check_positive_int, invalid
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 ON_NAN = ("stop", "raise")
+HYDRA_GROUPS = ("hydra/launcher",)   # Hydra's own groups whose options a user picks
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class OptimConfig:
             raise invalid("optim.betas", self.betas, "use two numbers in [0, 1), e.g. [0.9,0.99].")
         if self.weight_decay < 0 or self.eps <= 0:
             raise invalid("optim.weight_decay/eps", (self.weight_decay, self.eps),
-                       "weight_decay must be >= 0 and eps > 0.")
+                          "weight_decay must be >= 0 and eps > 0.")
         if self.warmup_steps < 0:
             raise invalid("optim.warmup_steps", self.warmup_steps, "use 0 or more steps.")
         if self.grad_clip < 0:
@@ -60,7 +62,7 @@ class TrainerConfig:
     eval_iters: int = 20               # fixed validation batches per evaluation
     log_every: int = 10                # train records, progress bar and non-finite check
     ckpt_every: int = 500
-    # auto: bf16 on GPUs (fp16 if no bf16) and on CPUs with native bf16 (AMX / AVX512-BF16)
+    # auto: bf16 on GPUs (fp16 if no bf16) and on CPUs with AMX tiles (trainer/build.py)
     precision: str = "auto"            # auto | fp32 | bf16 | fp16
     compile: bool = False              # torch.compile (checkpoints hold the plain weights)
     device: str = "auto"               # auto (cuda, then mps, then cpu) | cpu | cuda:N | mps
@@ -97,28 +99,23 @@ class TrainerConfig:
                           "or null (leave PyTorch's count as it is).")
         if self.sample_tokens < 0 or self.sample_temperature < 0:
             raise invalid("trainer.sample_tokens/sample_temperature",
-                       (self.sample_tokens, self.sample_temperature), "use values >= 0.")
+                          (self.sample_tokens, self.sample_temperature), "use values >= 0.")
         if self.sample_top_k is not None and self.sample_top_k < 1:
             raise invalid("trainer.sample_top_k", self.sample_top_k, "use null or >= 1.")
         if self.full_eval_tokens is not None and self.full_eval_tokens < 1:
             raise invalid("trainer.full_eval_tokens", self.full_eval_tokens,
-                       "use null (score the whole validation split) or a positive token count.")
+                          "use null (score the whole validation split) or a positive token count.")
 
 
 def hydra_schema(cls: type, exclude: tuple[str, ...] = ()) -> type:
-    """A mutable dataclass with `cls`'s fields (names, types, defaults) minus `exclude`."""
+    """A mutable dataclass with `cls`'s fields (names, types, defaults) minus `exclude`: Hydra
+    merges into it (a frozen one makes OmegaConf's node read-only)."""
     hints = typing.get_type_hints(cls)
-    specs = []
-    for f in dataclasses.fields(cls):
-        if f.name in exclude:
-            continue
-        if f.default is not dataclasses.MISSING:
-            default = field(default=f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            default = field(default_factory=f.default_factory)
-        else:
-            default = field(default=MISSING)
-        specs.append((f.name, hints[f.name], default))
+    specs = [(f.name, hints[f.name],
+              field(default=f.default) if f.default is not dataclasses.MISSING else
+              field(default_factory=f.default_factory)
+              if f.default_factory is not dataclasses.MISSING else field(default=MISSING))
+             for f in dataclasses.fields(cls) if f.name not in exclude]
     return dataclasses.make_dataclass(f"{cls.__name__}Schema", specs)
 
 
@@ -144,10 +141,54 @@ def register_configs() -> None:
 
 
 def exact_division(a: int, b: int) -> int:
-    """`${div:a,b}` in a config: a / b when it divides evenly. configs/experiment/head_width.yaml
-    sets `model.n_head: ${div:${model.d_model},${model.d_head}}` to vary the head width at a
-    fixed model width."""
+    """`${div:a,b}`: a / b when it divides evenly (configs/experiment/head_width.yaml sets
+    `model.n_head: ${div:${model.d_model},${model.d_head}}`)."""
     if b <= 0 or a % b:
         raise ConfigError(f"${{div:{a},{b}}}: {a} is not a multiple of {b}; choose values whose "
                           "ratio is a whole number (e.g. model.d_head dividing model.d_model).")
     return a // b
+
+
+def check_group_overrides(args: list[str], config_dir: Path = CONFIGS) -> None:
+    """ConfigError naming the group and its options for an override that gives a config group
+    (configs/<group>/, hydra/launcher) null, an empty value or an option it does not have, each
+    value of a sweep included; Hydra's own message names neither. Deletions (`~group`), globs
+    and interpolations are left to Hydra."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException
+
+    groups = {*(p.name for p in config_dir.iterdir() if p.is_dir() and p.name != "hydra"),
+              *HYDRA_GROUPS}
+    parser = OverridesParser.create()
+    for arg in args:
+        try:
+            override = parser.parse_override(arg)
+        except HydraException:   # not an override Hydra can read: its own message says why
+            continue
+        group = override.key_or_group
+        if group not in groups or override.is_delete():
+            continue
+        value = override.value()   # a sweep: its ChoiceSweep, RangeSweep or Glob
+        if isinstance(value, Glob):   # matched against the options by Hydra itself
+            continue
+        values = (list(override.sweep_iterator()) if override.is_sweep_override()
+                  else value if isinstance(value, list) else [value])
+        with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
+            # the options Hydra composes: the files, and for hydra/launcher the plugins' too
+            options = GlobalHydra.instance().config_loader().get_group_options(
+                group, results_filter=ObjectType.CONFIG)
+        for value in values:
+            if not (isinstance(value, str) and (value in options or value.startswith("${"))):
+                given = ("an option, not null" if value is None else "an option, not an empty "
+                         "value" if value == "" else f"one of its options; {value!r} is not one")
+                where = f"the files in configs/{group}/" + (
+                    " and the installed Hydra plugins" if group in HYDRA_GROUPS else "")
+                tail = (" Leave experiment out (or write ~experiment) to train without a preset."
+                        if group == "experiment" else "")
+                raise ConfigError(f"{arg}: the config group `{group}` needs {given}. Its options "
+                                  f"({where}): {', '.join(options) or 'none'}; pick one as "
+                                  f"{group}=NAME.{tail}")
