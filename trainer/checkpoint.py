@@ -1,10 +1,9 @@
 """Checkpoints: the format, save and restore, and the rules for resuming a run.
 
-A checkpoint holds tensors and plain containers only, so it is read with
-`torch.load(weights_only=True)`: opening a file someone hands you runs no code from it. Both
-files hold the plain GPT's weights and config, the resolved config, pad_id and the progress;
-last.pt adds the optimizer, scheduler, scaler and sampler states and one random-stream state
-per process (docs/training.md, "Checkpoint format", tables every field).
+A checkpoint holds tensors and plain containers only, read with `torch.load(weights_only=True)`:
+opening a file someone hands you runs no code from it. best.pt holds the weights, configs and
+progress; last.pt adds the optimizer, scheduler, scaler and sampler states and one random-stream
+state per process (docs/training.md, "Checkpoint format", tables every field).
 """
 
 import json
@@ -23,6 +22,7 @@ from model.errors import UserError
 from trainer.build import Progress, Run
 from trainer.loggers import LoggerConfig
 from trainer.run_dir import atomic_write
+from trainer.schema import flat
 
 FORMAT, VERSION = "attnscale-checkpoint", 1
 # Settings that may differ between a checkpoint and the run resuming from it: how long to
@@ -75,8 +75,8 @@ def read(path: Path) -> dict:
 
 
 def save(run: Run, path: Path, full: bool = True) -> None:
-    """Write the run's checkpoint (rank 0); full=False: weights and progress only (best.pt).
-    Call on every rank: the random streams of all processes are gathered."""
+    """Write the run's checkpoint (full=False: best.pt). Call on every rank: the random streams
+    of all processes are gathered, rank 0 writes."""
     compute, state = run.compute, run.state
     rngs = [rng_state(compute.device)] * compute.world   # every process's own, once gathered
     if compute.world > 1:
@@ -125,8 +125,7 @@ def restore(run: Run, path: Path) -> None:
 
 
 def rng_state(device: torch.device) -> dict:
-    """This process's random streams as tensors and numbers: Python's, NumPy's, torch's CPU
-    generator and, on a GPU, this process's own device generator only."""
+    """This process's random streams (Python, NumPy, torch CPU, its own GPU) as tensors."""
     py_version, py_keys, py_gauss = random.getstate()
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     state = {"python": torch.tensor(py_keys, dtype=torch.int64), "python_version": py_version,
@@ -149,14 +148,6 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def flat(d: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out = {}
-    for k, v in d.items():
-        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return out
 
 
 def check_resumable(ckpt: dict, config: dict, vocab_size: int, path: Path) -> None:

@@ -2,8 +2,7 @@
 
 The frozen dataclasses (these, GPTConfig, ScalingConfig, DataConfig) validate themselves and
 hold the defaults; a file in configs/<group>/ states only what its option changes. Hydra merges
-overrides into mutable copies of them (`hydra_schema`), so a typo or a wrongly typed override
-(`model.n_head=abc`) fails when Hydra composes the config.
+overrides into mutable copies of them, so a typo or a wrongly typed override fails at once.
 """
 
 import dataclasses
@@ -62,14 +61,12 @@ class TrainerConfig:
     eval_iters: int = 20               # fixed validation batches per evaluation
     log_every: int = 10                # train records, progress bar and non-finite check
     ckpt_every: int = 500
-    # auto: bf16 on GPUs (fp16 if no bf16) and on CPUs with AMX tiles (trainer/build.py)
-    precision: str = "auto"            # auto | fp32 | bf16 | fp16
+    precision: str = "auto"            # auto | fp32 | bf16 | fp16 (auto: trainer/build.py)
     compile: bool = False              # torch.compile (checkpoints hold the plain weights)
     device: str = "auto"               # auto (cuda, then mps, then cpu) | cpu | cuda:N | mps
-    # CPU intra-op threads. auto: OMP_NUM_THREADS if set, else the cores available to the
-    # process (shared by torchrun's processes on one machine), at most 8; printed at start.
+    # CPU threads: auto (trainer/build.py, printed at start), a number, or null (torch's own).
     # On a machine that other jobs keep busy set a number (1 there): OpenMP threads that
-    # compete for cores spin-wait on each other. null leaves torch's count as it is.
+    # compete for cores spin-wait on each other.
     threads: Any = "auto"
     seed: int = 1337
     resume: Optional[str] = None       # null | auto (this run dir's last.pt) | path/to/last.pt
@@ -78,9 +75,8 @@ class TrainerConfig:
     sample_tokens: int = 200
     sample_temperature: float = 0.8
     sample_top_k: Optional[int] = 200
-    # The end-of-run score of the whole validation split (summary.json's *_full fields): a
-    # split of more targets than this is scored on a fixed, evenly spread subset of this many;
-    # null scores every split whole.
+    # The end-of-run score of the whole validation split (summary.json's *_full fields) covers
+    # at most this many targets, an even fixed subset (null: every split whole).
     full_eval_tokens: Optional[int] = 4_000_000
 
     def __post_init__(self):
@@ -119,6 +115,14 @@ def hydra_schema(cls: type, exclude: tuple[str, ...] = ()) -> type:
     return dataclasses.make_dataclass(f"{cls.__name__}Schema", specs)
 
 
+def flat(config: dict, prefix: str = "") -> dict:
+    """A nested config as flat `group.key` entries: {"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in config.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
 def register_configs() -> None:
     """Store the schema `config_schema` that configs/config.yaml lists first in its defaults."""
     from hydra.core.config_store import ConfigStore
@@ -141,8 +145,7 @@ def register_configs() -> None:
 
 
 def exact_division(a: int, b: int) -> int:
-    """`${div:a,b}`: a / b when it divides evenly (configs/experiment/head_width.yaml sets
-    `model.n_head: ${div:${model.d_model},${model.d_head}}`)."""
+    """`${div:a,b}` (configs/experiment/head_width.yaml): a / b when it divides evenly."""
     if b <= 0 or a % b:
         raise ConfigError(f"${{div:{a},{b}}}: {a} is not a multiple of {b}; choose values whose "
                           "ratio is a whole number (e.g. model.d_head dividing model.d_model).")
