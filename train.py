@@ -41,10 +41,8 @@ SCRIPT = shown(Path(__file__))   # train.py as the printed resume commands run i
 
 
 def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
-    """Train as `cfg` says, writing into run_dir (rank 0); return the summary, or None (writing
-    nothing) when a resumed run is already finished. Raises UserError before writing anything
-    if the config, data or checkpoint is bad, Interrupted after a signal, Diverged on a
-    non-finite loss with trainer.on_nan=raise."""
+    """Train as `cfg` says, writing into run_dir (rank 0); the summary, or None when a resumed
+    run is already finished. Raises UserError (before writing anything), Interrupted, Diverged."""
     run = build(cfg)
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)
@@ -106,8 +104,7 @@ def is_check_step(step: int, train_cfg: TrainerConfig) -> bool:
 def agree(loss: torch.Tensor, nonfinite: torch.Tensor, signum: int,
           device: torch.device) -> tuple[float, bool, bool]:
     """One collective and one host sync: the step's loss (the sum of the processes' shares),
-    whether any process saw a non-finite loss, whether any was signalled to stop (all processes
-    must stop after the same step)."""
+    whether any process saw a non-finite loss or was signalled to stop (all stop together)."""
     asked = torch.tensor(float(signum > 0), device=device)
     loss, bad, stop = all_reduce_sum(torch.stack([loss, nonfinite, asked])).tolist()
     return loss, bad > 0, stop > 0
@@ -143,7 +140,7 @@ def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock") -> 
 
 class Clock:
     """Tokens per second of training between check steps (evaluations and checkpoints not
-    counted), and the run's wall time over all its segments (everything counted)."""
+    counted), and the run's wall time over all its segments."""
 
     def __init__(self, step: int, tokens_per_step: int, wall_s: float):
         self.tokens_per_step, self.first_step, self.last_step = tokens_per_step, step, step

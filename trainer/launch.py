@@ -7,6 +7,7 @@ from train.py's Hydra entry (and `build` through `jobs_at_once`) only.
 """
 
 import io
+import multiprocessing as mp
 import os
 import shlex
 import signal
@@ -52,8 +53,7 @@ class Diverged(Exception):
 
 
 def preempt_signal() -> Optional[int]:
-    """The signal submitit sends before a job's time limit or on pre-emption (SIGUSR2 unless
-    SUBMITIT_PREEMPT_SIGNAL names another); None outside a submitit job."""
+    """The signal submitit sends before a job's time limit or on pre-emption; None outside."""
     if not os.environ.get("SUBMITIT_EXECUTOR"):
         return None
     return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
@@ -61,7 +61,7 @@ def preempt_signal() -> Optional[int]:
 
 def hold_stop_signals(react: Optional[Callable[[int], None]]) -> None:
     """Record SIGINT/SIGTERM instead of dying of them, calling react(signum) on the first; a
-    second SIGINT aborts (KeyboardInterrupt). Undone by release_stop_signals."""
+    second SIGINT aborts (KeyboardInterrupt)."""
     def handle(signum, frame):
         global _requested
         if not _requested:
@@ -72,11 +72,6 @@ def hold_stop_signals(react: Optional[Callable[[int], None]]) -> None:
             raise KeyboardInterrupt
     for s in STOPS:
         _held.setdefault(s, signal.signal(s, handle))
-
-
-def release_stop_signals() -> None:
-    while _held:
-        signal.signal(*_held.popitem())
 
 
 class StopSignal:
@@ -124,8 +119,7 @@ def resume_commands(run_dir: Path, world: int, script: str,
                     whole_sweep: bool = True) -> list[tuple[str, str]]:
     """(what, shell command) pairs that continue this run: the job alone in its own folder
     (hydra.mode=RUN: a preset's MULTIRUN would ignore hydra.run.dir; hydra.output_subdir=null
-    keeps the job's .hydra/ as its first segment wrote it) and, in a sweep whose jobs run in
-    this process (whole_sweep), the whole sweep. `script` is train.py's path."""
+    keeps the job's .hydra/) and, if whole_sweep, its sweep. `script` is train.py's path."""
     hc = HydraConfig.get()
     own = ("trainer.resume=", "hydra.mode=", "hydra.run.", "hydra.sweep.", "hydra.sweeper.",
            "hydra.output_subdir=", "hydra/launcher=", "hydra.launcher.")
@@ -148,8 +142,7 @@ def sweep_command(sweep_dir: Path, script: str, world: int = 1) -> str:
 
 
 def launcher_name() -> str:
-    """basic (Hydra's serial launcher; also outside Hydra's main), joblib, submitit_local or
-    submitit_slurm: what runs this job."""
+    """What runs this job: basic (Hydra's serial launcher, or no Hydra), joblib, submitit_*."""
     if not HydraConfig.initialized():
         return "basic"
     target = str(OmegaConf.select(HydraConfig.get(), "launcher._target_", default=""))
@@ -164,8 +157,8 @@ def is_sweep_job() -> bool:
 
 def jobs_at_once() -> Optional[int]:
     """How many jobs of this sweep train on this machine at once under hydra/launcher=joblib:
-    the smaller of hydra.launcher.n_jobs (joblib's meaning: -1 every core, -2 all but one) and
-    the sweep's size. None for a single run and any other launcher."""
+    hydra.launcher.n_jobs (joblib's meaning: -1 every core, -2 all but one), at most the
+    sweep's size; None for a single run and any other launcher."""
     if launcher_name() != "joblib" or not is_sweep_job():
         return None
     import joblib
@@ -178,9 +171,9 @@ def jobs_at_once() -> Optional[int]:
 
 
 def sweep_size(sweep_dir: Path) -> Optional[int]:
-    """The number of jobs of a sweep, expanded from the multirun.yaml Hydra's sweeper writes
-    (the preset's hydra.sweeper.params, then the command line's overrides, as the basic sweeper
-    combines them); None if that file is missing or the sweep cannot be expanded here."""
+    """The number of jobs in the multirun.yaml Hydra's sweeper writes (the preset's
+    hydra.sweeper.params, then the command line's overrides), as the basic sweeper expands
+    them; None if the file is missing or holds a sweep that needs the config loader (glob)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -188,13 +181,12 @@ def sweep_size(sweep_dir: Path) -> Optional[int]:
     if not path.is_file():
         return None
     hydra_cfg = OmegaConf.load(path).hydra
-    params = hydra_cfg.sweeper.get("params")
-    params = OmegaConf.to_container(params) if params is not None else {}
+    params = OmegaConf.to_container(hydra_cfg.sweeper).get("params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()] + list(hydra_cfg.overrides.task)
     try:
         overrides = OverridesParser.create().parse_overrides(arguments)
         return len(BasicSweeper.split_arguments(overrides, None)[0])
-    except Exception:   # a sweep syntax that needs the config loader (glob): use n_jobs
+    except Exception:
         return None
 
 
@@ -202,16 +194,6 @@ def sweep_stopped(sweep_dir: Path) -> int:
     """The signal that stopped the sweep in sweep_dir (its stop marker), 0 if none."""
     marker = sweep_dir / STOP_MARKER
     return int(marker.read_text() or signal.SIGTERM) if marker.is_file() else 0
-
-
-def children() -> list[int]:
-    """This process's child processes (Linux: /proc; elsewhere multiprocessing's)."""
-    tasks = Path("/proc/self/task")
-    if tasks.is_dir():
-        return [int(pid) for f in tasks.glob("*/children") for pid in f.read_text().split()]
-    import multiprocessing
-
-    return [p.pid for p in multiprocessing.active_children() if p.pid]
 
 
 def catches(pid: int, signum: int) -> bool:
@@ -226,12 +208,10 @@ def catches(pid: int, signum: int) -> bool:
 
 
 class ParallelSweep(Callback):
-    """Ctrl-C / SIGTERM for a sweep whose jobs run in other processes (a Hydra callback, named
+    """Ctrl-C / SIGTERM for a sweep whose jobs run in other processes (a Hydra callback named
     in the launcher configs). The launching process records the first signal, writes the stop
-    marker (jobs not yet started do not start) and sends SIGTERM on to the workers, so each
-    running job writes last.pt and stops; train.py's `main` then prints the sweep's resume
-    command. A job's process records the signals too, so one that arrives before the loop stops
-    it at its first step; under joblib each line a job prints starts with its folder's name."""
+    marker and sends SIGTERM on to the workers, whose running jobs write last.pt and stop; a
+    job's process records the signals too, so one that arrives before its loop counts."""
 
     def __init__(self) -> None:
         self.sweep_dir: Optional[Path] = None
@@ -247,7 +227,10 @@ class ParallelSweep(Callback):
             self.sweep_dir.mkdir(parents=True, exist_ok=True)
             (self.sweep_dir / STOP_MARKER).write_text(str(signum))
             _stopped.append(self.sweep_dir)
-        for pid in children():
+        tasks = Path("/proc/self/task")   # the children: Linux's /proc, else multiprocessing's
+        children = ([int(pid) for f in tasks.glob("*/children") for pid in f.read_text().split()]
+                    if tasks.is_dir() else [p.pid for p in mp.active_children() if p.pid])
+        for pid in children:
             if catches(pid, signal.SIGTERM):   # a worker not yet in a job would die of it
                 try:
                     os.kill(pid, signal.SIGTERM)
@@ -255,7 +238,8 @@ class ParallelSweep(Callback):
                     pass
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        release_stop_signals()
+        while _held:   # the handlers hold_stop_signals replaced
+            signal.signal(*_held.popitem())
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if launcher_name() == "basic":   # the serial launcher's job is the launching process
@@ -274,8 +258,7 @@ class ParallelSweep(Callback):
 
 
 class Labelled(io.TextIOBase):
-    """A text stream that starts every line it passes on with `label`; not a terminal (so the
-    progress bar is off)."""
+    """A text stream that starts every line with `label`; not a terminal (no progress bar)."""
 
     def __init__(self, stream: Any, label: str):
         self.stream, self.label, self.at_line_start = stream, label, True
@@ -298,14 +281,12 @@ def stopped_sweep() -> Optional[Path]:
 
 
 class JobFailed(CompactHydraException):
-    """A sweep job that did not finish: Hydra's launchers record it and run the other jobs,
-    then print the first such job's message and exit with code 1."""
+    """A sweep job that did not finish: the launcher runs the others, then exits with code 1."""
 
 
 def end_job(code: int, run_dir: Path) -> NoReturn:
-    """Leave an unfinished job with exit code `code`: a single run exits, and so does an
-    interrupted job of the serial launcher (the jobs after it are not started). Any other sweep
-    job raises JobFailed, so the other jobs run on or are collected."""
+    """Leave an unfinished job: a single run, and a stopped job of the serial launcher (which
+    runs the whole sweep in this process), exit with `code`; a sweep job raises JobFailed."""
     if not is_sweep_job() or (launcher_name() == "basic" and code > 128):
         sys.exit(code)
     what = (f"stopped by {signal.Signals(code - 128).name} (exit code {code}), as was every "
@@ -332,9 +313,8 @@ def skip_if_sweep_stopped(run_dir: Path) -> None:
 
 
 def requeue_if_preempted(signum: int, resume: Optional[str]) -> None:
-    """After a submitit job stopped on the time-limit signal with last.pt written: call
-    submitit's handler for it, which requeues the same job and exits. Only with
-    trainer.resume=auto (the requeued job continues from last.pt); else the job ends stopped."""
+    """After a submitit job stopped on its time-limit signal: call submitit's handler, which
+    requeues the job and exits; only with trainer.resume=auto (else the job would start over)."""
     if signum != preempt_signal():
         return
     handler = signal.getsignal(signum)
@@ -346,9 +326,8 @@ def requeue_if_preempted(signum: int, resume: Optional[str]) -> None:
 
 
 def export_submitit_ranks() -> None:
-    """In a submitit job of several tasks (one process per GPU), set torchrun's variables
-    (RANK, WORLD_SIZE, LOCAL_RANK, ...) from submitit's job environment, so that data
-    parallelism runs as under torchrun; each process picks its GPU by LOCAL_RANK."""
+    """In a submitit job of several tasks (one per GPU), set torchrun's variables (RANK,
+    WORLD_SIZE, LOCAL_RANK, ...) from submitit's job environment: DDP runs as under torchrun."""
     if not launcher_name().startswith("submitit") or "RANK" in os.environ:
         return
     import submitit
