@@ -189,7 +189,7 @@ def test_an_interrupted_preset_resumes_job_by_job_and_whole(tiny, tmp_path):  # 
     sweep = tmp_path / "preset"
     check_sweep_resumes(tiny, sweep, [
         "experiment=scaling_ablation", *tiny, *SHORT, "model.n_layer=1",
-        "scaling=sqrt_dk,none", "trainer.seed=1",
+        "scaling=sqrt_dk,none", "trainer.seed=1", "optim.lr=1e-3",
         f"hydra.sweep.dir={sweep}"])
 
 
