@@ -6,15 +6,12 @@
     python train.py trainer.resume=auto hydra.run.dir=outputs/DAY/TIME   # continue that run
     torchrun --standalone --nproc_per_node=2 train.py      # data parallel, same global batch
 
-`train` below is the training loop: one `train_step` (trainer/step.py: micro-batches, forward,
-backward, clipping, AdamW, schedule) per iteration, and at check steps one collective and host
-sync, then logging, evaluation and checkpoints as `if step % k == 0` lines. What it calls is in
-trainer/: build (the run's parts), step, evaluate (losses, diagnostics, samples), checkpoint
-(save and restore), run_dir (the files a run writes), resume (continuing a run), signals.
-docs/training.md describes the configuration, the run directory and the resume rules.
-Exit codes: 0 done (a diverged run with trainer.on_nan=stop included), 2 bad config, data or
-checkpoint, 3 diverged with trainer.on_nan=raise, 128+signal when stopped by SIGINT/SIGTERM
-(a checkpoint to resume from is written first).
+`train` is the loop: one `train_step` (trainer/step.py) per iteration, and at check steps one
+collective and host sync, then logging, evaluation and checkpoints as `if step % k == 0` lines.
+What it calls is in trainer/; docs/training.md describes the configuration, the run directory
+and the resume rules. Exit codes: 0 done (a diverged run with trainer.on_nan=stop included),
+2 bad config, data or checkpoint, 3 diverged with trainer.on_nan=raise, 128+signal when
+stopped by SIGINT/SIGTERM (a checkpoint to resume from is written first).
 """
 
 import os
@@ -31,53 +28,32 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from model.errors import ConfigError, UserError
-from trainer import checkpoint
+from trainer import checkpoint, launch
 from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world_size
-from trainer.evaluate import describe, describe_full, evaluate, evaluate_full, write_samples
-from trainer.launch import (
-    end_job,
-    export_submitit_ranks,
-    launcher_name,
-    requeue_if_preempted,
-    skip_if_sweep_stopped,
-    stopped_sweep,
-)
+from trainer.evaluate import describe, evaluate, evaluate_full, write_samples
+from trainer.launch import Diverged, Interrupted, StopSignal, shown
 from trainer.loggers import LoggerConfig, require
-from trainer.resume import (
-    WHOLE_SWEEP,
-    finished,
-    overrides,
-    resume_commands,
-    resume_path,
-    shown,
-    sweep_command,
-)
 from trainer.run_dir import RunDir, remove_if_unstarted, summarize
-from trainer.schema import TrainerConfig, register_configs
-from trainer.signals import Diverged, Interrupted, StopSignal, stop_requested
+from trainer.schema import TrainerConfig, check_group_overrides, register_configs
 from trainer.step import train_step
 
 SCRIPT = shown(Path(__file__))   # train.py as the printed resume commands run it
 
 
 def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
-    """Train as `cfg` says, writing into run_dir (rank 0); return the summary.
-
-    Raises UserError before writing anything if the config, data or checkpoint is bad,
-    Interrupted after a signal, Diverged on a non-finite loss with trainer.on_nan=raise.
-    Returns None, writing nothing, when a resumed run is already finished.
-    """
+    """Train as `cfg` says, writing into run_dir (rank 0); the summary, or None when a resumed
+    run is already finished. Raises UserError (before writing anything), Interrupted, Diverged."""
     run = build(cfg)
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)
-    resumed_from = resume_path(train_cfg.resume, run_dir)
+    resumed_from = checkpoint.resume_path(train_cfg.resume, run_dir)
     if resumed_from is not None:
         checkpoint.restore(run, resumed_from)
-        if finished(state.progress.step, train_cfg.max_steps, run_dir, compute.rank):
+        if checkpoint.finished(state.progress.step, train_cfg.max_steps, run_dir, compute.rank):
             return None
     else:
         torch.manual_seed(train_cfg.seed + compute.rank)   # dropout masks differ across processes
-    out = RunDir(run, run_dir, resumed_from, overrides())
+    out = RunDir(run, run_dir, resumed_from, launch.overrides())
     step = state.progress.step
     clock = Clock(step, run.config.tokens_per_step, state.progress.wall_s)
     if step == 0:
@@ -127,9 +103,8 @@ def is_check_step(step: int, train_cfg: TrainerConfig) -> bool:
 
 def agree(loss: torch.Tensor, nonfinite: torch.Tensor, signum: int,
           device: torch.device) -> tuple[float, bool, bool]:
-    """One collective and one host sync for a check step: the step's loss (the sum of the
-    processes' shares), whether any process saw a non-finite loss, whether any was signalled
-    to stop (all processes must stop after the same step)."""
+    """One collective and one host sync: the step's loss (the sum of the processes' shares),
+    whether any process saw a non-finite loss or was signalled to stop (all stop together)."""
     asked = torch.tensor(float(signum > 0), device=device)
     loss, bad, stop = all_reduce_sum(torch.stack([loss, nonfinite, asked])).tolist()
     return loss, bad > 0, stop > 0
@@ -150,7 +125,7 @@ def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock") -> 
     weights, summary.json, the end of this segment in run.json."""
     full = {} if diverged else evaluate_full(run)
     if full:
-        out.say(describe_full(full))
+        out.say(describe(full))
     if run.compute.rank == 0 and not diverged and run.config.train_cfg.sample_prompts:
         write_samples(run, out.path, out.best)
     run.state.progress.wall_s = clock.wall_s()
@@ -165,7 +140,7 @@ def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock") -> 
 
 class Clock:
     """Tokens per second of training between check steps (evaluations and checkpoints not
-    counted), and the run's wall time over all its segments (everything counted)."""
+    counted), and the run's wall time over all its segments."""
 
     def __init__(self, step: int, tokens_per_step: int, wall_s: float):
         self.tokens_per_step, self.first_step, self.last_step = tokens_per_step, step, step
@@ -186,7 +161,7 @@ class Clock:
         return self.wall_before + time.perf_counter() - self.start
 
     def tokens_per_sec(self) -> Optional[float]:
-        """Tokens per second over every lap of this segment."""
+        """Over every lap of this segment."""
         steps = self.last_step - self.first_step
         return self.tokens_per_step * steps / self.train_s if self.train_s else None
 
@@ -195,7 +170,7 @@ class Clock:
 def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    export_submitit_ranks()   # a submitit job of several tasks: torchrun's variables
+    launch.export_submitit_ranks()   # a submitit job of several tasks: torchrun's variables
     if "RANK" in os.environ and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() and
                                 cfg.trainer.device != "cpu" else "gloo")
@@ -206,23 +181,24 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         # a missing logger package fails here, on every process, before any data is prepared
         require(LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True)))
-        skip_if_sweep_stopped(run_dir)
+        launch.skip_if_sweep_stopped(run_dir)
         summary = train(cfg, run_dir)
     except UserError as err:
         if rank == 0:
             remove_if_unstarted(run_dir)
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        end_job(2, run_dir)
+        launch.end_job(2, run_dir)
     except Interrupted as err:
         if rank == 0:
             how = "".join(f"\nResume {what} with:\n  {command}" for what, command in
-                          resume_commands(run_dir, world, SCRIPT, launcher_name() == "basic"))
+                          launch.resume_commands(run_dir, world, SCRIPT,
+                                                 launch.launcher_name() == "basic"))
             print(f"{err}; checkpoint {err.checkpoint}.{how}", file=sys.stderr)
-        requeue_if_preempted(err.signum, cfg.trainer.resume)
-        end_job(128 + err.signum, run_dir)
+        launch.requeue_if_preempted(err.signum, cfg.trainer.resume)
+        launch.end_job(128 + err.signum, run_dir)
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
-        end_job(3, run_dir)
+        launch.end_job(3, run_dir)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -236,67 +212,6 @@ def hydra_main(cfg: DictConfig) -> None:
           f"{summary['wall_s']:.0f} s)" if not summary["diverged"] else
           f"diverged at step {summary['steps']} (non-finite loss)")
     print(f"run dir: {shown(run_dir)}")
-
-
-CONFIGS = Path(__file__).resolve().parent / "configs"
-HYDRA_GROUPS = ("hydra/launcher",)   # Hydra's own groups whose options a user picks
-
-
-def check_group_overrides(args: list[str], config_dir: Path = CONFIGS) -> None:
-    """ConfigError naming the group and its options for a command-line override that gives a
-    config group (configs/<group>/, hydra/launcher) null, an empty value or an option it does
-    not have, each value of a sweep (`scaling=none,dk`) included. Hydra's own message for
-    these ("Config group override must be a string or a list. Got NoneType", or "Could not
-    find 'scaling/bogus'") names neither. Deletions (`~group`), globs and interpolations are
-    left to Hydra."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import Glob
-    from hydra.errors import HydraException
-
-    groups = {*(p.name for p in config_dir.iterdir() if p.is_dir() and p.name != "hydra"),
-              *HYDRA_GROUPS}
-    parser = OverridesParser.create()
-    for arg in args:
-        try:
-            override = parser.parse_override(arg)
-        except HydraException:   # not an override Hydra can read: its own message says why
-            continue
-        if override.key_or_group not in groups or override.is_delete():
-            continue
-        value = override.value()   # a sweep: its ChoiceSweep, RangeSweep or Glob
-        if isinstance(value, Glob):   # matched against the options by Hydra itself
-            continue
-        values = (list(override.sweep_iterator()) if override.is_sweep_override()
-                  else value if isinstance(value, list) else [value])
-        options = group_options(override.key_or_group, config_dir)
-        for value in values:
-            if not (isinstance(value, str) and (value in options or value.startswith("${"))):
-                raise ConfigError(bad_option_message(arg, override.key_or_group, value,
-                                                      options))
-
-
-def group_options(group: str, config_dir: Path) -> list[str]:
-    """The options Hydra composes for `group`: configs/<group>/*.yaml, and for hydra/launcher
-    also those of the installed Hydra plugins (read through Hydra's config loader)."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.object_type import ObjectType
-
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
-        loader = GlobalHydra.instance().config_loader()
-        return loader.get_group_options(group, results_filter=ObjectType.CONFIG)
-
-
-def bad_option_message(arg: str, group: str, value, options: list[str]) -> str:
-    """One paragraph: the override as given, what is wrong with it, the group's options."""
-    given = ("an option, not null" if value is None else "an option, not an empty value"
-             if value == "" else f"one of its options; {value!r} is not one")
-    where = f"the files in configs/{group}/" + (
-        " and the installed Hydra plugins" if group in HYDRA_GROUPS else "")
-    tail = (" Leave experiment out (or write ~experiment) to train without a preset."
-            if group == "experiment" else "")
-    return (f"{arg}: the config group `{group}` needs {given}. Its options ({where}): "
-            f"{', '.join(options) or 'none'}; pick one as {group}=NAME.{tail}")
 
 
 def main() -> None:
@@ -314,11 +229,11 @@ def main() -> None:
     try:
         hydra_main()
     finally:
-        stopped = stopped_sweep()   # a parallel sweep stopped by a signal (trainer.launch)
+        stopped = launch.stopped_sweep()   # a parallel sweep stopped by a signal
         if stopped is not None:
-            print(f"Resume {WHOLE_SWEEP} with:\n  {sweep_command(stopped, SCRIPT)}",
+            print(f"Resume {launch.WHOLE_SWEEP} with:\n  {launch.sweep_command(stopped, SCRIPT)}",
                   file=sys.stderr)
-            sys.exit(128 + stop_requested())
+            sys.exit(128 + launch.sweep_stopped(stopped))
 
 
 if __name__ == "__main__":

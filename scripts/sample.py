@@ -22,7 +22,7 @@ from model.attention import ScalingConfig  # noqa: E402
 from model.errors import UserError  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from trainer import checkpoint  # noqa: E402
-from trainer.build import thread_count  # noqa: E402
+from trainer.build import choose_threads  # noqa: E402
 from trainer.checkpoint import CheckpointError  # noqa: E402
 
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.device(args.device)
     except RuntimeError:
         ap.error(f"--device {args.device!r}: give a torch device such as cpu, cuda or cuda:1")
-    threads = thread_count(args.threads)
+    threads, _ = choose_threads(args.threads)
     if threads:
         torch.set_num_threads(threads)
     try:

@@ -1,5 +1,5 @@
-"""trainer/full_eval.py: every token of a split scored once, a per-token mean, a fixed cap;
-and summary.json's whole-split fields from a real run."""
+"""trainer/evaluate.py's full_split_loss: every token of a split scored once, a per-token mean,
+a fixed cap; and summary.json's whole-split fields from a real run."""
 
 import json
 import math
@@ -17,7 +17,7 @@ from model.attention import ScalingConfig
 from model.gpt import GPT, GPTConfig
 from tests.test_train import make_config, tiny  # noqa: F401  (tiny is a fixture)
 from trainer import checkpoint
-from trainer.full_eval import full_split_loss, window_starts
+from trainer.evaluate import full_split_loss, window_starts
 
 BLOCK = 8
 CPU = torch.device("cpu")

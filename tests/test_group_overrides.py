@@ -1,5 +1,5 @@
 """A config group given null, an empty value or an option it does not have is named, with its
-options, before Hydra composes (train.check_group_overrides), and `python train.py` exits 2
+options, before Hydra composes (trainer.schema.check_group_overrides), and `python train.py` exits 2
 with that one paragraph and no traceback."""
 
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from test_train import CONFIGS, run_cli
 
-import train
 from model.errors import ConfigError
+from trainer.schema import check_group_overrides
 
 # every group a user picks an option of; hydra/launcher's options come from Hydra's plugins too
 GROUPS = ("scaling", "model", "data", "optim", "trainer", "logger", "experiment",
@@ -22,7 +22,7 @@ def options(group: str) -> list[str]:
 
 
 def check(*args: str) -> None:
-    train.check_group_overrides(list(args))
+    check_group_overrides(list(args))
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -67,9 +67,9 @@ def test_the_options_are_read_from_the_folder(tmp_path):
     for name in ("alpha", "beta"):
         (configs / "widget").mkdir(parents=True, exist_ok=True)
         (configs / "widget" / f"{name}.yaml").write_text("{}\n")
-    train.check_group_overrides(["widget=beta"], configs)
+    check_group_overrides(["widget=beta"], configs)
     with pytest.raises(ConfigError, match=r"\(the files in configs/widget/\): alpha, beta;"):
-        train.check_group_overrides(["widget=gamma"], configs)
+        check_group_overrides(["widget=gamma"], configs)
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from data.prepare import cache_key
 from data.sources import open_source
 from trainer import launch
 from trainer.build import MAX_AUTO_THREADS, choose_threads
-from trainer.resume import resume_commands
+from trainer.launch import resume_commands
 from trainer.schema import register_configs
 
 

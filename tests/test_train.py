@@ -26,8 +26,8 @@ from model.attention import SCALINGS, ScalingConfig
 from model.errors import UserError
 from model.gpt import GPT, GPTConfig
 from trainer.build import make_optimizer, pick_device
+from trainer.launch import Diverged, Interrupted
 from trainer.schema import OptimConfig, TrainerConfig, register_configs
-from trainer.signals import Diverged, Interrupted
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -15,7 +15,7 @@ from test_train import ROOT, make_config, records, run_cli, tiny  # noqa: F401 (
 
 import train
 from model.errors import UserError
-from trainer.signals import Interrupted
+from trainer.launch import Interrupted
 
 
 def interrupted_then_resumed(tiny, tmp_path, monkeypatch, extra,  # noqa: F811
@@ -189,7 +189,7 @@ def test_an_interrupted_preset_resumes_job_by_job_and_whole(tiny, tmp_path):  # 
     sweep = tmp_path / "preset"
     check_sweep_resumes(tiny, sweep, [
         "experiment=scaling_ablation", *tiny, *SHORT, "model.n_layer=1",
-        "scaling=sqrt_dk,none", "trainer.seed=1",
+        "scaling=sqrt_dk,none", "trainer.seed=1", "optim.lr=1e-3",
         f"hydra.sweep.dir={sweep}"])
 
 

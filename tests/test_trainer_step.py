@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from data.batching import Batch
 from model.gpt import GPT, IGNORE_INDEX, GPTConfig
 from trainer.build import Compute, TrainState, make_optimizer
-from trainer.evaluate import estimate_loss
+from trainer.evaluate import estimate
 from trainer.schema import OptimConfig
 from trainer.step import train_step
 
@@ -62,7 +62,7 @@ def test_evaluation_loss_is_the_mean_over_real_targets():
     expected = token_mean(m, bs).item()
     per_batch = sum(m(b.idx, b.targets, b.valid_mask)[1].item() for b in bs) / len(bs)
     assert abs(per_batch - expected) > 0.02        # the two weightings really differ here
-    assert estimate_loss(m, bs, nullcontext(), torch.device("cpu")) == pytest.approx(
+    assert estimate(m, bs, nullcontext(), torch.device("cpu"))[0] == pytest.approx(
         expected, rel=1e-6)
 
 

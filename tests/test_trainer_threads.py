@@ -8,7 +8,7 @@ from test_train import make_config, tiny  # noqa: F401 (tiny is a fixture)
 
 import train
 from model.errors import ConfigError
-from trainer.build import MAX_AUTO_THREADS, thread_count
+from trainer.build import MAX_AUTO_THREADS, choose_threads
 from trainer.schema import TrainerConfig
 
 
@@ -27,25 +27,25 @@ def cores(monkeypatch):
                                          (64, MAX_AUTO_THREADS)])
 def test_auto_uses_the_available_cores_up_to_the_cap(cores, n, expected):
     cores(n)
-    assert thread_count("auto") == expected
+    assert choose_threads("auto")[0] == expected
 
 
 def test_auto_shares_the_cores_among_torchrun_processes(cores, monkeypatch):
     cores(6)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert thread_count("auto") == 3
+    assert choose_threads("auto")[0] == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "12")
-    assert thread_count("auto") == 1
+    assert choose_threads("auto")[0] == 1
 
 
 def test_auto_follows_omp_num_threads_when_set(cores, monkeypatch):
     cores(16)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    assert thread_count("auto") == 2
+    assert choose_threads("auto")[0] == 2
 
 
 def test_explicit_counts_and_null_are_kept():
-    assert thread_count(3) == 3 and thread_count(None) is None
+    assert choose_threads(3)[0] == 3 and choose_threads(None)[0] is None
 
 
 @pytest.mark.parametrize("bad", ["many", 0, -1, True, 1.5])

@@ -1,9 +1,9 @@
 """Build a run from the composed config: processes, device, precision, data, model, optimizer.
 
-`build(cfg)` is what `python train.py <overrides>` runs on; scripts/bench.py times the same
-objects. It validates everything and writes nothing but the data cache. The run's parts are
-small types, each passed alone to the functions that use it; TrainState is what the next
-optimizer step depends on, and what last.pt saves."""
+`build(cfg)` validates everything and writes nothing but the data cache; scripts/bench.py times
+the same objects. The run's parts are small types, each passed alone to the functions that use
+it; TrainState is what the next optimizer step depends on, and what last.pt saves.
+"""
 
 import math
 import os
@@ -30,6 +30,9 @@ from trainer.schema import OptimConfig, TrainerConfig
 # Evaluation batches are drawn with this seed, whatever trainer.seed: every run of a sweep is
 # scored on the same validation text, so their losses compare.
 EVAL_SEED = 0
+# trainer.threads=auto uses at most this many threads. A choice, not a measurement: this
+# repository's CPU timings come from 2 cores; set trainer.threads to try more.
+MAX_AUTO_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,6 @@ def process_rank() -> int:
 
 
 def world_size() -> int:
-    """The number of processes of this run (torchrun's WORLD_SIZE; 1 without torchrun)."""
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
@@ -166,56 +168,35 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-# trainer.threads=auto uses at most this many threads. A choice, not a measurement: this
-# repository's CPU timings come from 2 cores, so where more threads stop helping the tiny and
-# small models has not been measured; set trainer.threads to try more.
-MAX_AUTO_THREADS = 8
-
-
-def available_cores() -> int:
-    """CPUs this process may run on (its affinity mask: a container's or taskset's limit)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:   # macOS and Windows have no affinity call
-        return os.cpu_count() or 1
-
-
-def thread_count(threads, jobs: Optional[int] = None) -> Optional[int]:
-    """trainer.threads as a number (None: leave torch's count alone); see choose_threads."""
-    return choose_threads(threads, jobs)[0]
-
-
 def choose_threads(threads, jobs: Optional[int] = None) -> tuple[Optional[int], str]:
-    """trainer.threads as a number, and how it was chosen (the start line prints it).
-
-    auto: OMP_NUM_THREADS if set, else the available cores shared by this machine's processes
-    (torchrun's LOCAL_WORLD_SIZE), at most MAX_AUTO_THREADS. In a joblib sweep `jobs` is how
-    many of its jobs run at once (trainer.launch.jobs_at_once): the cores are shared among them
-    instead, so that jobs x threads <= cores, and OMP_NUM_THREADS is not read (joblib sets it
-    in its workers itself)."""
+    """trainer.threads as a number (None: leave torch's count alone), and how auto chose it:
+    OMP_NUM_THREADS if set, else the available cores shared by this machine's torchrun
+    processes, at most MAX_AUTO_THREADS. In a joblib sweep the cores are shared among the
+    `jobs` running at once instead (jobs x threads <= cores); joblib sets OMP_NUM_THREADS in
+    its workers itself, so it is not read there."""
     if threads != "auto":
         return threads, ""
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if jobs is None and omp.isdigit() and int(omp):
         return int(omp), f"trainer.threads=auto: OMP_NUM_THREADS={int(omp)}"
-    cores, sharing = available_cores(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    how = f"trainer.threads=auto: {cores} core(s) available"
-    if jobs is not None:
-        sharing = jobs
-        how += f" / {jobs} sweep job(s) at once (hydra.launcher.n_jobs)"
-    elif sharing > 1:
-        how += f" / {sharing} torchrun process(es)"
+    try:   # the affinity mask: a container's or taskset's limit
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:   # macOS and Windows have no affinity call
+        cores = os.cpu_count() or 1
+    sharing = jobs or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    how = f"trainer.threads=auto: {cores} core(s) available" + (
+        f" / {jobs} sweep job(s) at once (hydra.launcher.n_jobs)" if jobs is not None else
+        f" / {sharing} torchrun process(es)" if sharing > 1 else "")
     return max(1, min(MAX_AUTO_THREADS, cores // sharing)), f"{how}, at most {MAX_AUTO_THREADS}"
 
 
 def pick_device(name: str) -> torch.device:
     """trainer.device as a torch.device; `cuda` means this process's GPU (LOCAL_RANK)."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
         name = ("cuda" if torch.cuda.is_available()
                 else "mps" if torch.backends.mps.is_available() else "cpu")
     if name == "cuda":
-        name = f"cuda:{local_rank}"
+        name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     if (name.startswith("cuda") and not torch.cuda.is_available()) or (
             name == "mps" and not torch.backends.mps.is_available()):
         raise UserError(f"trainer.device={name} is not available on this machine; use "
@@ -226,34 +207,35 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype for trainer.precision (None = plain float32). auto: bf16 on GPUs
-    (fp16 without bf16) and on CPUs with AMX tiles, else float32. On a CPU with AVX512-BF16 but
-    no AMX the default step measured faster in float32 than in bf16, and without either CPU bf16
-    is emulated (docs/benchmarks.md)."""
-    if precision == "auto":
-        if device.type == "cuda":
-            precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        elif device.type == "cpu" and torch.cpu._is_amx_tile_supported():
-            precision = "bf16"
-        else:
-            precision = "fp32"
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    """The autocast dtype of trainer.precision (None: float32). auto: bf16 on GPUs (fp16
+    without bf16) and on CPUs with AMX tiles, else float32: on a CPU with AVX512-BF16 but no
+    AMX the default step measured faster in float32, and without either bf16 is emulated
+    (docs/benchmarks.md)."""
+    if precision == "auto" and device.type == "cuda":
+        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    elif precision == "auto":
+        amx = device.type == "cpu" and torch.cpu._is_amx_tile_supported()
+        precision = "bf16" if amx else "fp32"
+    return DTYPES[precision]
 
 
 def precision_name(dtype: Optional[torch.dtype]) -> str:
-    """The trainer.precision name of an autocast dtype (None = float32)."""
-    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    """The trainer.precision name of an autocast dtype (None: float32)."""
+    return {d: name for name, d in DTYPES.items()}[dtype]
 
 
 def make_optimizer(model: GPT, optim_cfg: OptimConfig,
                    device: torch.device) -> torch.optim.AdamW:
-    """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales."""
+    """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales;
+    fused: one kernel for all parameters, on the CPU too (docs/benchmarks.md)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2],
                "weight_decay": optim_cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    # fused: one kernel for all parameters, on the CPU too (docs/benchmarks.md)
     return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                              eps=optim_cfg.eps,
                              fused=True if device.type in ("cuda", "cpu") else None)

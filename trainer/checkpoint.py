@@ -1,29 +1,39 @@
-"""The checkpoint format, and reading a checkpoint without trusting it.
+"""Checkpoints: the format, save and restore, and the rules for resuming a run.
 
-A checkpoint holds tensors and plain containers only (dict, list, tuple, str, int, float, bool,
-None), so it is read with `torch.load(weights_only=True)`: opening a file someone hands you runs
-no code from it. Both files hold the format and version, the plain GPT's weights, its config,
-the run's resolved config (logger included), pad_id and the progress fields; checkpoints/last.pt
-adds the optimizer, scheduler, scaler and sampler states, one random-stream state per process
-(`rng_state`) and the number of processes. docs/training.md ("Checkpoint format") tables every
-field.
+A checkpoint holds tensors and plain containers only, read with `torch.load(weights_only=True)`:
+opening a file someone hands you runs no code from it. best.pt holds the weights, configs and
+progress; last.pt adds the optimizer, scheduler, scaler and sampler states and one random-stream
+state per process (docs/training.md, "Checkpoint format", tables every field).
 """
 
+import json
 import random
 import warnings
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from hydra.utils import to_absolute_path
 
 from model.errors import UserError
 from trainer.build import Progress, Run
 from trainer.loggers import LoggerConfig
 from trainer.run_dir import atomic_write
+from trainer.schema import flat
 
 FORMAT, VERSION = "attnscale-checkpoint", 1
+# Settings that may differ between a checkpoint and the run resuming from it: how long to
+# train, how often to look, where and how fast to compute, what to sample at the end, where the
+# records are mirrored. Every other key of the config must match.
+MAY_CHANGE_ON_RESUME = (
+    "trainer.max_steps", "trainer.eval_every", "trainer.log_every", "trainer.ckpt_every",
+    "trainer.device", "trainer.threads", "trainer.compile", "trainer.precision",
+    "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
+    "trainer.sample_temperature", "trainer.sample_top_k", "trainer.full_eval_tokens",
+    "data.cache_dir", "model.attn_impl", *(f"logger.{f.name}" for f in fields(LoggerConfig)))
 
 
 class CheckpointError(UserError):
@@ -65,13 +75,12 @@ def read(path: Path) -> dict:
 
 
 def save(run: Run, path: Path, full: bool = True) -> None:
-    """Write the run's checkpoint (rank 0). full=False: weights and progress only, for best.pt.
-    Call on every rank: the random streams of all processes are gathered."""
+    """Write the run's checkpoint (full=False: best.pt). Call on every rank: the random streams
+    of all processes are gathered, rank 0 writes."""
     compute, state = run.compute, run.state
-    mine = rng_state(compute.device)
-    rngs = [mine] * compute.world   # every process's own, once gathered
+    rngs = [rng_state(compute.device)] * compute.world   # every process's own, once gathered
     if compute.world > 1:
-        dist.all_gather_object(rngs, mine)
+        dist.all_gather_object(rngs, rngs[0])
     if compute.rank != 0:
         return
     content = {"model": state.model.state_dict(), "model_config": asdict(run.config.model_cfg),
@@ -83,6 +92,14 @@ def save(run: Run, path: Path, full: bool = True) -> None:
                        sampler=state.batcher.state_dict(), rng=rngs, world_size=compute.world)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **content}, f))
+
+
+def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
+    """trainer.resume: null (fresh), auto (run_dir's last.pt if any), or a checkpoint path."""
+    if resume == "auto":
+        path = run_dir / "checkpoints" / "last.pt"
+        return path if path.exists() else None
+    return None if resume is None else Path(to_absolute_path(resume))
 
 
 def restore(run: Run, path: Path) -> None:
@@ -108,8 +125,7 @@ def restore(run: Run, path: Path) -> None:
 
 
 def rng_state(device: torch.device) -> dict:
-    """This process's random streams as tensors and numbers: Python's, NumPy's, torch's CPU
-    generator and, on a GPU, this process's own device generator only."""
+    """This process's random streams (Python, NumPy, torch CPU, its own GPU) as tensors."""
     py_version, py_keys, py_gauss = random.getstate()
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     state = {"python": torch.tensor(py_keys, dtype=torch.int64), "python_version": py_version,
@@ -134,28 +150,6 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-# Settings that may differ between a checkpoint and the run resuming from it: how long to
-# train, how often to look, where and how fast to compute, what to sample at the end. Every
-# other key of the config (optim, data, seed, batch sizes, model) must match.
-MAY_CHANGE_ON_RESUME = (
-    "trainer.max_steps", "trainer.eval_every", "trainer.log_every", "trainer.ckpt_every",
-    "trainer.device", "trainer.threads", "trainer.compile", "trainer.precision",
-    "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
-    "trainer.sample_temperature", "trainer.sample_top_k", "trainer.full_eval_tokens",
-    "data.cache_dir", "model.attn_impl",
-    # where the records are mirrored, not what is trained
-    *(f"logger.{f.name}" for f in fields(LoggerConfig)),
-)
-
-
-def flat(d: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out = {}
-    for k, v in d.items():
-        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return out
-
-
 def check_resumable(ckpt: dict, config: dict, vocab_size: int, path: Path) -> None:
     """Refuse to resume from `ckpt` into a run whose settings differ, naming the keys."""
     if "optimizer" not in ckpt:
@@ -172,3 +166,21 @@ def check_resumable(ckpt: dict, config: dict, vocab_size: int, path: Path) -> No
                         f"({listed}). Resume with the checkpoint's settings, or start a new run "
                         f"without trainer.resume. Only {', '.join(MAY_CHANGE_ON_RESUME)} may "
                         "change on resume.")
+
+
+def finished(step: int, max_steps: int, run_dir: Path, rank: int) -> bool:
+    """Whether a resumed run has nothing left to do (its checkpoint is at trainer.max_steps, or
+    its summary.json says it diverged); rank 0 says why."""
+    summary = run_dir / "summary.json"
+    if step >= max_steps:
+        reason = (f"its checkpoint is at step {step} and trainer.max_steps={max_steps}; raise "
+                  "trainer.max_steps to train it further")
+    elif summary.is_file() and json.loads(summary.read_text()).get("diverged"):
+        reason = ("it diverged (summary.json); start a new run, e.g. with a lower optim.lr, to "
+                  "try again")
+    else:
+        return False
+    if rank == 0:
+        print(f"Nothing to do: the run in {run_dir} is finished ({reason}). Its files are left "
+              "as they are.")
+    return True

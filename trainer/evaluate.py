@@ -1,43 +1,30 @@
-"""Evaluation: the losses on fixed batches, the attention diagnostics, and the samples.
+"""Evaluation: losses on fixed batches, attention diagnostics, the whole-split score, samples.
 
-Losses are weighted by real target tokens (as in trainer/step.py) and summed over processes.
-The attention diagnostics come from `GPT.attention_stats`, which runs in eval mode and draws no
-random numbers, so evaluating never changes what training does next.
+Losses are means over real target tokens (as in trainer/step.py), summed over processes.
+`GPT.attention_stats` runs in eval mode and draws no random numbers, so evaluating never
+changes what training does next.
 """
 
 import math
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from data.recall import RecallData, validation_batches
 from model.gpt import GPT, IGNORE_INDEX, eval_mode
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum
-from trainer.full_eval import full_split_loss
 from trainer.step import to_device
 
 
 def bits_per_byte(loss: float, bytes_per_token: float) -> float:
     """A loss in nats per token as bits per byte of text: comparable across tokenizers."""
     return loss / math.log(2) / bytes_per_token
-
-
-@torch.no_grad()
-def estimate_loss(model: torch.nn.Module, batches, autocast: AbstractContextManager,
-                  device: torch.device) -> float:
-    """Mean loss over every real target of the fixed batches of all processes, in eval mode."""
-    total = torch.zeros(2, device=device)   # (sum of token losses, number of real targets)
-    with eval_mode(model):
-        for batch in batches:
-            idx, targets, valid = to_device(batch, device)
-            with autocast:
-                loss_sum = model(idx, targets, valid, reduction="sum")[1].float()
-            total += torch.stack([loss_sum, (targets != IGNORE_INDEX).sum().float()])
-    loss_sum, count = all_reduce_sum(total).tolist()
-    return loss_sum / count
 
 
 def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -48,19 +35,19 @@ def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def estimate_accuracy(model: torch.nn.Module, batches, autocast: AbstractContextManager,
-                      device: torch.device) -> float:
-    """Share of the real targets of the batches of all processes whose most likely token (the
-    argmax of the logits) is the target: for recall, the share of answered queries right."""
-    total = torch.zeros(2, device=device)   # (correct, answered)
+def estimate(model: torch.nn.Module, batches, autocast: AbstractContextManager,
+             device: torch.device) -> tuple[float, float, int]:
+    """(mean loss, accuracy, count) over the real targets of the batches of all processes, in
+    eval mode. Accuracy is the share whose most likely token is the target (recall: answers)."""
+    total = torch.zeros(3, device=device)   # (sum of token losses, correct, real targets)
     with eval_mode(model):
         for batch in batches:
             idx, targets, valid = to_device(batch, device)
             with autocast:
-                logits = model(idx, valid_mask=valid)[0]
-            total += accuracy_counts(logits, targets)
-    correct, answered = all_reduce_sum(total).tolist()
-    return correct / answered
+                logits, loss_sum = model(idx, targets, valid, reduction="sum")
+            total += torch.cat([loss_sum.float()[None], accuracy_counts(logits, targets)])
+    loss_sum, correct, count = all_reduce_sum(total).tolist()
+    return loss_sum / count, correct / count, int(count)
 
 
 def val_bpb(run: Run, loss: float) -> Optional[float]:
@@ -70,11 +57,10 @@ def val_bpb(run: Run, loss: float) -> Optional[float]:
 
 
 def attention_record(model: GPT, batch, device: torch.device) -> dict:
-    """Per-layer attention diagnostics on `batch`: mean entropy over heads, max |logit| over
-    heads, mean fraction of saturated rows over heads, and for the raw scores q.k before the
-    scale: mean Var(q.k) / d_head over heads and max |q.k| over heads. `attn_heads` keeps every
-    head, so that one saturating head is not averaged away: {statistic: [[per head] per layer]},
-    plus `scale`, the learned g_h = exp(log_scale[h]), for scaling=learned."""
+    """Per-layer attention diagnostics on `batch`: entropy (mean over heads), max |logit|, the
+    fraction of saturated rows, and of the raw scores q.k before the scale Var(q.k) / d_head
+    and max |q.k|. `attn_heads` keeps every head ({statistic: [[per head] per layer]}), so one
+    saturating head is not averaged away, plus `scale` (g_h = exp(log_scale)) for learned."""
     idx, _, valid = to_device(batch, device)
     stats = model.attention_stats(idx, valid)
     heads = {key: [s[key].tolist() for s in stats] for key in stats[0]}
@@ -93,13 +79,13 @@ def evaluate(run: Run, step: int, lr: float,
     """The eval record of `step` (diagnostics on rank 0 only) and whether val_loss is the best
     so far; updates the run's progress (best, final and initial validation loss)."""
     model, compute, progress = run.state.model, run.compute, run.state.progress
-    val_loss, train_loss = (estimate_loss(model, run.eval_batches[split], compute.autocast,
-                                          compute.device) for split in ("val", "train"))
+    (val_loss, accuracy, _), (train_loss, _, _) = (
+        estimate(model, run.eval_batches[split], compute.autocast, compute.device)
+        for split in ("val", "train"))
     record = {"kind": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss,
               "val_bpb": val_bpb(run, val_loss), "lr": lr, "tokens_per_sec": tokens_per_sec}
     if isinstance(run.data, RecallData):
-        record["val_accuracy"] = estimate_accuracy(model, run.eval_batches["val"],
-                                                   compute.autocast, compute.device)
+        record["val_accuracy"] = accuracy
     progress.final_val_loss = val_loss
     if step == 0:
         progress.init_val_loss = val_loss
@@ -111,53 +97,89 @@ def evaluate(run: Run, step: int, lr: float,
     return record, improved
 
 
+@dataclass(frozen=True)
+class FullEval:
+    loss: float         # mean cross-entropy per scored target token (nats)
+    targets: int        # target tokens scored
+    split_targets: int  # target tokens in the split (len(split) - 1)
+
+
+def window_starts(n_tokens: int, block_size: int, max_tokens: int | None) -> np.ndarray:
+    """Start offsets of the windows to score: all of them, or an even spread under the cap."""
+    n_windows = -(-(n_tokens - 1) // block_size)  # ceil: the last window may be short
+    starts = np.arange(n_windows, dtype=np.int64) * block_size
+    if max_tokens is not None and (n_tokens - 1) > max_tokens:
+        keep = max(1, max_tokens // block_size)
+        starts = starts[np.unique(np.linspace(0, n_windows - 1, keep).round().astype(np.int64))]
+    return starts
+
+
+@torch.no_grad()
+def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_size: int,
+                    device: torch.device, autocast: AbstractContextManager,
+                    max_tokens: int | None = None, rank: int = 0, world: int = 1) -> FullEval:
+    """Score every token of a split (a 1-D id array) once, in eval mode: window i reads
+    tokens[i*T : i*T + T] and predicts the next T, so each target has 1 to T tokens of context.
+    A mean per target, so it compares across batch sizes; a split of more than `max_tokens`
+    targets is scored on evenly spread windows (the same for every run). Rank r scores every
+    world-th window."""
+    n = len(tokens)
+    if n < 2:
+        raise ValueError(f"a split of {n} token(s) has no target to score")
+    mine = window_starts(n, block_size, max_tokens)[rank::world]
+    total = torch.zeros(2, dtype=torch.float64, device=device)   # (sum of losses, targets)
+    with eval_mode(model):
+        # Full windows go in batches; a short last window (at most one) goes alone.
+        full = [s for s in mine if s + block_size + 1 <= n]   # a prefix: starts ascend
+        groups = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
+        for group in groups + [[s] for s in mine[len(full):]]:
+            length = min(block_size, n - 1 - group[0])
+            rows = np.stack([np.asarray(tokens[s:s + length + 1], dtype=np.int64)
+                             for s in group])  # (B, length + 1)
+            batch = torch.from_numpy(rows).to(device)
+            idx, targets = batch[:, :-1], batch[:, 1:]  # (B, length) each
+            with autocast:
+                logits, _ = model(idx)
+            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                                        reduction="sum").double()
+            total[1] += targets.numel()
+    loss_sum, count = all_reduce_sum(total).tolist()
+    return FullEval(loss_sum / count if count else math.nan, int(count), n - 1)
+
+
 def evaluate_full(run: Run) -> dict:
-    """The final model on the whole validation split (trainer/full_eval.py), capped at
-    trainer.full_eval_tokens targets: summary.json's *_full fields."""
+    """summary.json's *_full fields: the final weights on the whole validation split (at most
+    trainer.full_eval_tokens targets), or on the whole recall validation set with accuracy."""
     compute, train_cfg = run.compute, run.config.train_cfg
     if isinstance(run.data, RecallData):
-        return evaluate_recall_full(run)
+        batches = validation_batches(run.config.data_cfg, batch_size=train_cfg.batch_size,
+                                     rank=compute.rank, world_size=compute.world)
+        loss, accuracy, answers = estimate(run.state.model, batches, compute.autocast,
+                                           compute.device)
+        return {"final_val_loss_full": loss, "final_val_bpb_full": None,
+                "full_eval_targets": answers, "full_eval_split_targets": answers,
+                "final_val_accuracy": accuracy}
     full = full_split_loss(run.state.model, run.data.val,
                            block_size=run.config.model_cfg.block_size,
                            batch_size=max(1, train_cfg.batch_size // compute.world),
                            device=compute.device, autocast=compute.autocast,
                            max_tokens=train_cfg.full_eval_tokens, rank=compute.rank,
                            world=compute.world)
-    return {"final_val_loss_full": full.loss,
-            "final_val_bpb_full": val_bpb(run, full.loss),
+    return {"final_val_loss_full": full.loss, "final_val_bpb_full": val_bpb(run, full.loss),
             "full_eval_targets": full.targets, "full_eval_split_targets": full.split_targets}
 
 
-def evaluate_recall_full(run: Run) -> dict:
-    """The final model on the whole recall validation set: the loss over its targets (the
-    answers) and the share of them predicted right."""
-    compute, data_cfg = run.compute, run.config.data_cfg
-    batches = validation_batches(data_cfg, batch_size=run.config.train_cfg.batch_size,
-                                 rank=compute.rank, world_size=compute.world)
-    loss = estimate_loss(run.state.model, batches, compute.autocast, compute.device)
-    accuracy = estimate_accuracy(run.state.model, batches, compute.autocast, compute.device)
-    answers = int(all_reduce_sum(torch.tensor(
-        float(sum((b.targets != IGNORE_INDEX).sum().item() for b in batches)),
-        device=compute.device)).item())
-    return {"final_val_loss_full": loss, "final_val_bpb_full": None,
-            "full_eval_targets": answers, "full_eval_split_targets": answers,
-            "final_val_accuracy": accuracy}
-
-
-def describe_full(full: dict) -> str:
-    """One line for the terminal: the whole-split numbers and how much of the split they cover."""
-    scored, total = full["full_eval_targets"], full["full_eval_split_targets"]
-    cover = ("every token" if scored == total else
-             f"{scored:,} of {total:,} tokens, an even fixed subset (trainer.full_eval_tokens)")
-    if "final_val_accuracy" in full:
-        return (f"whole validation set: loss {full['final_val_loss_full']:.4f}, accuracy "
-                f"{full['final_val_accuracy']:.4f} over {total:,} answers")
-    return (f"whole validation split: loss {full['final_val_loss_full']:.4f} "
-            f"({full['final_val_bpb_full']:.3f} bits/byte), {cover}")
-
-
 def describe(record: dict) -> str:
-    """One line for the terminal."""
+    """One terminal line for an eval record, or for the whole-split numbers (evaluate_full)."""
+    if "full_eval_targets" in record:
+        scored, total = record["full_eval_targets"], record["full_eval_split_targets"]
+        if "final_val_accuracy" in record:
+            return (f"whole validation set: loss {record['final_val_loss_full']:.4f}, accuracy "
+                    f"{record['final_val_accuracy']:.4f} over {total:,} answers")
+        return (f"whole validation split: loss {record['final_val_loss_full']:.4f} "
+                f"({record['final_val_bpb_full']:.3f} bits/byte), " + (
+                    "every token" if scored == total else f"{scored:,} of {total:,} tokens, an "
+                    "even fixed subset (trainer.full_eval_tokens)"))
     speed = record["tokens_per_sec"]
     val = (f"accuracy {record['val_accuracy']:.4f}" if "val_accuracy" in record
            else f"{record['val_bpb']:.3f} bits/byte")

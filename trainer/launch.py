@@ -1,18 +1,19 @@
-"""Sweeps under Hydra's launchers: which launcher runs this job, how many jobs share this
-machine's cores, and what the launching process does with Ctrl-C / SIGTERM
-(docs/training.md, "Parallel and cluster sweeps").
+"""How a run is launched, stopped and continued: stop signals, the printed resume commands, and
+sweeps under Hydra's launchers (docs/training.md, "Resume" and "Parallel and cluster sweeps").
 
-`hydra/launcher=joblib` runs the jobs in joblib's worker processes (loky), `n_jobs` at a time;
-`hydra/launcher=submitit_local|submitit_slurm` runs each job as a submitit job. The functions
-that read Hydra's state are called from train.py's Hydra entry (and `build` through
-`jobs_at_once`) only; `SweepSignals` is a Hydra callback, named in the launcher configs.
+`hydra/launcher=joblib` runs the jobs in joblib's worker processes, `n_jobs` at a time;
+`submitit_local|submitit_slurm` runs each as a submitit job. What reads Hydra's state is called
+from train.py's Hydra entry (and `build` through `jobs_at_once`) only.
 """
 
 import io
+import multiprocessing as mp
 import os
+import shlex
 import signal
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -22,24 +23,126 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.resume import shown
-from trainer.signals import hold_stop_signals, preempt_signal, release_stop_signals
+# configs/hydra/launcher/*.yaml are checked against the plugins' schemas of the same name, which
+# Hydra 1.3 does with a deprecation warning in every process that composes the config; this
+# module is imported there first (train.py; a joblib worker unpickling ParallelSweep).
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/\w+' is validated against")
 
-# A stopped sweep leaves this file in its folder (the signal number); a job that starts while it
+STOPS = (signal.SIGINT, signal.SIGTERM)
+# A stopped sweep leaves this file (the signal number) in its folder; a job that starts while it
 # is there does not train, and the next launch of the sweep removes it.
 STOP_MARKER = ".stopped"
+WHOLE_SWEEP = "the whole sweep (finished jobs are skipped, the others continue or start)"
+# The first stop signal this process received (0: none), read by a job that starts after its
+# sweep was asked to stop and by the training loop when it came before the loop began.
+_requested = 0
+_held: dict = {}                # the handlers hold_stop_signals replaced
+_stopped: list[Path] = []       # the sweep folder, once ParallelSweep stopped that sweep
 
-# configs/hydra/launcher/*.yaml set the plugins' keys and are checked against the plugins' own
-# schemas of the same name, which Hydra 1.3 does with a deprecation warning in every process
-# that composes the config. This module is imported there first (train.py; a joblib worker
-# unpickling ParallelSweep), so the filter is set here.
-warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/\w+' is validated against")
-_stopped: list[Path] = []   # the sweep folder, once SweepSignals stopped that sweep
+
+class Interrupted(Exception):
+    """A stop signal arrived: the step in flight finished and last.pt was written."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+
+class Diverged(Exception):
+    """The training loss became non-finite and trainer.on_nan=raise."""
+
+
+def preempt_signal() -> Optional[int]:
+    """The signal submitit sends before a job's time limit or on pre-emption; None outside."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return None
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+
+
+def hold_stop_signals(react: Optional[Callable[[int], None]]) -> None:
+    """Record SIGINT/SIGTERM instead of dying of them, calling react(signum) on the first; a
+    second SIGINT aborts (KeyboardInterrupt)."""
+    def handle(signum, frame):
+        global _requested
+        if not _requested:
+            _requested = signum
+            if react is not None:
+                react(signum)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+    for s in STOPS:
+        _held.setdefault(s, signal.signal(s, handle))
+
+
+class StopSignal:
+    """Turn SIGINT/SIGTERM (and a submitit job's time-limit signal) into a flag the loop reads
+    between steps; a second SIGINT aborts. A stop recorded before the loop began counts."""
+
+    def __enter__(self):
+        self.signum = _requested
+        signals = [*STOPS, *filter(None, [preempt_signal()])]
+        self.previous = {s: signal.signal(s, self.handle) for s in signals}
+        return self
+
+    def handle(self, signum, frame):
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def shown(path: Path) -> str:
+    """`path` relative to the working directory when inside it, else absolute."""
+    inside = path.resolve().is_relative_to(Path.cwd().resolve())
+    return os.path.relpath(path) if inside else str(path)
+
+
+def overrides() -> list[str]:
+    """The command-line overrides of this run (empty when called outside Hydra's main)."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def hydra_quoted(value: str) -> str:
+    """A Hydra override value that may hold `=` and `,` (a sweep job's folder name)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def python_launcher(script: str, world: int) -> list[str]:
+    return (["python", script] if world == 1 else
+            ["torchrun", "--standalone", f"--nproc_per_node={world}", script])
+
+
+def resume_commands(run_dir: Path, world: int, script: str,
+                    whole_sweep: bool = True) -> list[tuple[str, str]]:
+    """(what, shell command) pairs that continue this run: the job alone in its own folder
+    (hydra.mode=RUN: a preset's MULTIRUN would ignore hydra.run.dir; hydra.output_subdir=null
+    keeps the job's .hydra/) and, if whole_sweep, its sweep. `script` is train.py's path."""
+    hc = HydraConfig.get()
+    own = ("trainer.resume=", "hydra.mode=", "hydra.run.", "hydra.sweep.", "hydra.sweeper.",
+           "hydra.output_subdir=", "hydra/launcher=", "hydra.launcher.")
+    job = [*python_launcher(script, world),
+           *(o for o in [*hc.overrides.task, *hc.overrides.hydra] if not o.startswith(own)),
+           "trainer.resume=auto", "hydra.mode=RUN", "hydra.output_subdir=null",
+           f"hydra.run.dir={hydra_quoted(shown(run_dir))}"]
+    commands = [("this run", shlex.join(job))]
+    if hc.mode == RunMode.MULTIRUN and whole_sweep:
+        commands.append((WHOLE_SWEEP, sweep_command(Path(hc.sweep.dir), script, world)))
+    return commands
+
+
+def sweep_command(sweep_dir: Path, script: str, world: int = 1) -> str:
+    """This process's command line again (its launcher included) with trainer.resume=auto and
+    the sweep folder: it continues the whole sweep. Called in the process that launched it."""
+    again = [a for a in sys.argv[1:] if not a.startswith(("trainer.resume=", "hydra.sweep.dir="))]
+    return shlex.join([*python_launcher(script, world), *again, "trainer.resume=auto",
+                       f"hydra.sweep.dir={hydra_quoted(shown(sweep_dir))}"])
 
 
 def launcher_name() -> str:
-    """basic (Hydra's serial launcher), joblib, submitit_local or submitit_slurm: what runs this
-    job; basic outside Hydra's main."""
+    """What runs this job: basic (Hydra's serial launcher, or no Hydra), joblib, submitit_*."""
     if not HydraConfig.initialized():
         return "basic"
     target = str(OmegaConf.select(HydraConfig.get(), "launcher._target_", default=""))
@@ -53,11 +156,10 @@ def is_sweep_job() -> bool:
 
 
 def jobs_at_once() -> Optional[int]:
-    """How many jobs of this sweep train on this machine at the same time under
-    hydra/launcher=joblib: the smaller of hydra.launcher.n_jobs (joblib's meaning: -1 every
-    core, -2 all but one, ...) and the number of jobs in the sweep. None for any other launcher
-    (a single run, Hydra's serial launcher, a submitit job, which has its own cores)."""
-    if launcher_name() != "joblib" or not is_sweep_job():   # a single run ignores launchers
+    """How many jobs of this sweep train on this machine at once under hydra/launcher=joblib:
+    hydra.launcher.n_jobs (joblib's meaning: -1 every core, -2 all but one), at most the
+    sweep's size; None for a single run and any other launcher."""
+    if launcher_name() != "joblib" or not is_sweep_job():
         return None
     import joblib
 
@@ -69,10 +171,9 @@ def jobs_at_once() -> Optional[int]:
 
 
 def sweep_size(sweep_dir: Path) -> Optional[int]:
-    """The number of jobs of the sweep in sweep_dir, expanded from the multirun.yaml Hydra's
-    sweeper writes before launching (the preset's hydra.sweeper.params, then the command line's
-    overrides, as Hydra's basic sweeper combines them); None where that file is missing or
-    holds a sweep this cannot expand (e.g. glob over a group's options)."""
+    """The number of jobs in the multirun.yaml Hydra's sweeper writes (the preset's
+    hydra.sweeper.params, then the command line's overrides), as the basic sweeper expands
+    them; None if the file is missing or holds a sweep that needs the config loader (glob)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -80,13 +181,12 @@ def sweep_size(sweep_dir: Path) -> Optional[int]:
     if not path.is_file():
         return None
     hydra_cfg = OmegaConf.load(path).hydra
-    params = hydra_cfg.sweeper.get("params")
-    params = OmegaConf.to_container(params) if params is not None else {}
+    params = OmegaConf.to_container(hydra_cfg.sweeper).get("params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()] + list(hydra_cfg.overrides.task)
     try:
         overrides = OverridesParser.create().parse_overrides(arguments)
         return len(BasicSweeper.split_arguments(overrides, None)[0])
-    except Exception:   # a sweep syntax that needs the config loader: fall back to n_jobs
+    except Exception:
         return None
 
 
@@ -96,19 +196,8 @@ def sweep_stopped(sweep_dir: Path) -> int:
     return int(marker.read_text() or signal.SIGTERM) if marker.is_file() else 0
 
 
-def children() -> list[int]:
-    """This process's child processes (Linux: /proc; elsewhere multiprocessing's)."""
-    tasks = Path("/proc/self/task")
-    if tasks.is_dir():
-        return [int(pid) for f in tasks.glob("*/children") for pid in f.read_text().split()]
-    import multiprocessing
-
-    return [p.pid for p in multiprocessing.active_children() if p.pid]
-
-
 def catches(pid: int, signum: int) -> bool:
-    """Whether process pid has a handler for signum (Linux: SigCgt in /proc/PID/status); True
-    where that cannot be read."""
+    """Whether process pid handles signum (SigCgt in /proc/PID/status); True if unreadable."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
@@ -119,17 +208,10 @@ def catches(pid: int, signum: int) -> bool:
 
 
 class ParallelSweep(Callback):
-    """Ctrl-C / SIGTERM for a sweep whose jobs run in other processes.
-
-    In the launching process (on_multirun_start): the first SIGINT or SIGTERM is recorded
-    (trainer.signals), written to the sweep folder's stop marker, so that jobs not yet started
-    do not start, and sent on as SIGTERM to the worker processes that handle it, so that each
-    running job finishes its step, writes last.pt and stops; the launcher then collects every
-    job and train.py's `main` prints the command that resumes the sweep. A second SIGINT aborts.
-    In a job's process (on_job_start): the same two signals are recorded, so that a signal that
-    arrives before the training loop stops it at its first step; under joblib every line the
-    job prints starts with its folder's name (jobs print at once into one terminal) and, as
-    that output is no terminal, the progress bar is off."""
+    """Ctrl-C / SIGTERM for a sweep whose jobs run in other processes (a Hydra callback named
+    in the launcher configs). The launching process records the first signal, writes the stop
+    marker and sends SIGTERM on to the workers, whose running jobs write last.pt and stop; a
+    job's process records the signals too, so one that arrives before its loop counts."""
 
     def __init__(self) -> None:
         self.sweep_dir: Optional[Path] = None
@@ -141,12 +223,14 @@ class ParallelSweep(Callback):
         hold_stop_signals(self.stop_jobs)
 
     def stop_jobs(self, signum: int) -> None:
-        """The launching process's reaction to its first stop signal."""
         if self.sweep_dir is not None:
             self.sweep_dir.mkdir(parents=True, exist_ok=True)
             (self.sweep_dir / STOP_MARKER).write_text(str(signum))
             _stopped.append(self.sweep_dir)
-        for pid in children():
+        tasks = Path("/proc/self/task")   # the children: Linux's /proc, else multiprocessing's
+        children = ([int(pid) for f in tasks.glob("*/children") for pid in f.read_text().split()]
+                    if tasks.is_dir() else [p.pid for p in mp.active_children() if p.pid])
+        for pid in children:
             if catches(pid, signal.SIGTERM):   # a worker not yet in a job would die of it
                 try:
                     os.kill(pid, signal.SIGTERM)
@@ -154,13 +238,14 @@ class ParallelSweep(Callback):
                     pass
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        release_stop_signals()
+        while _held:   # the handlers hold_stop_signals replaced
+            signal.signal(*_held.popitem())
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if launcher_name() == "basic":   # the serial launcher's job is the launching process
             return
         hold_stop_signals(None)
-        if launcher_name() == "joblib":
+        if launcher_name() == "joblib":   # jobs print at once into one terminal
             label = f"[{Path(str(config.hydra.runtime.output_dir)).name}] "
             sys.stdout, sys.stderr = Labelled(sys.stdout, label), Labelled(sys.stderr, label)
 
@@ -173,7 +258,7 @@ class ParallelSweep(Callback):
 
 
 class Labelled(io.TextIOBase):
-    """A text stream that starts every line it passes on with `label`; not a terminal."""
+    """A text stream that starts every line with `label`; not a terminal (no progress bar)."""
 
     def __init__(self, stream: Any, label: str):
         self.stream, self.label, self.at_line_start = stream, label, True
@@ -196,15 +281,12 @@ def stopped_sweep() -> Optional[Path]:
 
 
 class JobFailed(CompactHydraException):
-    """A sweep job that did not finish: Hydra's launchers record it and run the other jobs;
-    after the sweep, Hydra prints the first such job's message and exits with code 1."""
+    """A sweep job that did not finish: the launcher runs the others, then exits with code 1."""
 
 
 def end_job(code: int, run_dir: Path) -> NoReturn:
-    """Leave a job that did not finish with exit code `code`: a single run exits; so does an
-    interrupted job of Hydra's serial launcher, which runs the whole sweep in this process (the
-    jobs after it are not started). Any other sweep job raises JobFailed, so that a failing job
-    does not stop the others, and a stopped one lets the launcher collect them all."""
+    """Leave an unfinished job: a single run, and a stopped job of the serial launcher (which
+    runs the whole sweep in this process), exit with `code`; a sweep job raises JobFailed."""
     if not is_sweep_job() or (launcher_name() == "basic" and code > 128):
         sys.exit(code)
     what = (f"stopped by {signal.Signals(code - 128).name} (exit code {code}), as was every "
@@ -222,8 +304,8 @@ def skip_if_sweep_stopped(run_dir: Path) -> None:
         return
     signum = sweep_stopped(Path(HydraConfig.get().sweep.dir))
     if signum:
-        # imported here: run_dir imports build, which imports this module
-        from trainer.run_dir import remove_if_unstarted
+        from trainer.run_dir import remove_if_unstarted  # run_dir imports build, build this
+
         remove_if_unstarted(run_dir)
         print(f"not started: the sweep was stopped by {signal.Signals(signum).name} "
               f"({shown(run_dir)})", file=sys.stderr)
@@ -231,11 +313,8 @@ def skip_if_sweep_stopped(run_dir: Path) -> None:
 
 
 def requeue_if_preempted(signum: int, resume: Optional[str]) -> None:
-    """After a submitit job stopped on the time-limit signal with last.pt written: call the
-    handler submitit installed for that signal, which asks the launcher's `checkpoint` for a
-    resubmission of the same job (same overrides), requeues it and exits. trainer.resume=auto
-    makes the requeued job continue from last.pt in its own folder; without it the job is not
-    requeued (it would start over) and ends as stopped."""
+    """After a submitit job stopped on its time-limit signal: call submitit's handler, which
+    requeues the job and exits; only with trainer.resume=auto (else the job would start over)."""
     if signum != preempt_signal():
         return
     handler = signal.getsignal(signum)
@@ -247,14 +326,11 @@ def requeue_if_preempted(signum: int, resume: Optional[str]) -> None:
 
 
 def export_submitit_ranks() -> None:
-    """In a submitit job of several tasks (tasks_per_node x nodes, one process per GPU), set
-    the variables torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT) from submitit's job environment, so that train.py's data parallelism runs as
-    under torchrun. Every task runs Hydra's job function; only rank 0 writes the run folder."""
+    """In a submitit job of several tasks (one per GPU), set torchrun's variables (RANK,
+    WORLD_SIZE, LOCAL_RANK, ...) from submitit's job environment: DDP runs as under torchrun."""
     if not launcher_name().startswith("submitit") or "RANK" in os.environ:
         return
     import submitit
 
     if submitit.JobEnvironment().num_tasks > 1:
-        # each process picks its own GPU by LOCAL_RANK (trainer.build.pick_device)
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)

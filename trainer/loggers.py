@@ -1,14 +1,9 @@
 """Experiment loggers: `logger=none|tensorboard|wandb` mirrors the run's records elsewhere.
 
-metrics.jsonl and summary.json stay the record of a run; a logger is a view of them. RunDir
-(trainer/run_dir.py) hands the logger every record it writes to metrics.jsonl and the summary
-it writes to summary.json, on rank 0 only, so what TensorBoard or W&B shows is what the files
-hold. A record becomes scalars named by `tags`: `train/loss`, `eval/val_loss`,
-`attn/entropy/layer0`, `attn/entropy/layer0/head1`, `summary/final_val_loss_full`. The
-resolved config is logged once per segment as hyperparameters.
-
-The packages are optional (requirements-loggers.txt): `require` names the pip command before
-anything runs when the chosen one is missing.
+metrics.jsonl and summary.json stay the record of a run: RunDir (trainer/run_dir.py) hands the
+logger every record and the summary it writes, on rank 0 only, as scalars named by `tags`
+(`train/loss`, `attn/entropy/layer0/head1`, `summary/final_val_loss_full`), and the resolved
+config once per segment as hyperparameters. The packages are optional (`require`).
 """
 
 import importlib.util
@@ -20,13 +15,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from model.errors import ConfigError, invalid
+from trainer.launch import is_sweep_job, shown
+from trainer.schema import flat
 
 LOGGERS = ("none", "tensorboard", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
 # The pip requirement of each logger, as requirements-loggers.txt pins it.
 PACKAGES = {"tensorboard": "tensorboard==2.21.0", "wandb": "wandb==0.31.0"}
-TENSORBOARD_DIR = "tensorboard"   # event files: <run dir>/tensorboard/
-WANDB_DIR = "."                   # wandb.init(dir=...) makes <run dir>/wandb/<run folder>/
 
 
 @dataclass(frozen=True)
@@ -51,8 +46,7 @@ class LoggerConfig:
 
 
 def require(cfg: LoggerConfig) -> None:
-    """ConfigError naming the pip command unless the chosen logger's package is installed.
-    Called before the data is prepared and before the run folder is written."""
+    """ConfigError naming the pip command unless the chosen logger's package is installed."""
     package = PACKAGES.get(cfg.name)
     if package and importlib.util.find_spec(package.split("==")[0]) is None:
         raise ConfigError(
@@ -63,22 +57,16 @@ def require(cfg: LoggerConfig) -> None:
 
 
 def tags(record: dict, kind: Optional[str] = None) -> dict[str, float]:
-    """The scalars of a metrics.jsonl record (or of the summary, kind "summary") by tag.
-    Keys starting with `attn_` go under `attn/`; `attn_heads` (per layer, per head) adds its
-    statistics there too. A list nests as layer<i>, a list in a list as head<j>; a dict nests
-    by its keys. Missing values (None) and text are left out; booleans become 0 or 1."""
+    """The scalars of a metrics.jsonl record (or of the summary, kind "summary") by tag: keys
+    `attn_*` and `attn_heads` go under `attn/`, a list nests as layer<i>, a list in a list as
+    head<j>, a dict by its keys. None and text are left out; booleans become 0 or 1."""
     kind = kind or record.get("kind", "record")
     out: dict[str, float] = {}
     for key, value in record.items():
-        if key in ("kind", "step"):
-            continue
-        if key == "attn_heads":
-            prefix = "attn"
-        elif key.startswith("attn_"):
-            prefix = "attn/" + key[len("attn_"):]
-        else:
-            prefix = f"{kind}/{key}"
-        flatten(prefix, value, 0, out)
+        if key not in ("kind", "step"):
+            prefix = ("attn" if key == "attn_heads" else "attn/" + key[len("attn_"):]
+                      if key.startswith("attn_") else f"{kind}/{key}")
+            flatten(prefix, value, 0, out)
     return out
 
 
@@ -95,128 +83,81 @@ def flatten(prefix: str, value: Any, depth: int, out: dict[str, float]) -> None:
         out[prefix] = float(value)
 
 
-def hyperparameters(config: dict, prefix: str = "") -> dict[str, Any]:
+def hyperparameters(config: dict) -> dict[str, Any]:
     """The resolved config as flat `group.key` entries of numbers, booleans or text (lists and
-    null written as text): what TensorBoard's HParams tab accepts."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(hyperparameters(value, f"{prefix}{key}."))
-        elif isinstance(value, (bool, int, float, str)):
-            out[prefix + key] = value
-        else:
-            out[prefix + key] = str(value)
-    return out
-
-
-class NoLogger:
-    """logger=none: metrics.jsonl only."""
-
-    def log(self, step: int, scalars: dict[str, float]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class TensorBoardLogger:
-    """Event files in <run dir>/tensorboard/ (`tensorboard --logdir outputs`)."""
-
-    def __init__(self, run_dir: Path, config: dict, start_step: int):
-        from torch.utils.tensorboard import SummaryWriter
-        from torch.utils.tensorboard.summary import hparams
-
-        # A resumed run drops the records past its checkpoint from metrics.jsonl and redoes
-        # those steps: purge_step hides the earlier segment's events from that step on.
-        self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR),
-                                    purge_step=start_step + 1 if start_step else None)
-        for summary in hparams(hyperparameters(config), {}):
-            self.writer.file_writer.add_summary(summary)
-
-    def log(self, step: int, scalars: dict[str, float]) -> None:
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, step)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class WandbLogger:
-    """A W&B run in <run dir>/wandb/. Offline by default: `wandb sync <run dir>/wandb/offline-run-*`
-    uploads it. A resumed run keeps the id of its earlier segment, read from the name of the
-    folder wandb wrote (`offline-run-<time>-<id>`)."""
-
-    def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict):
-        import wandb
-
-        earlier = sorted((run_dir / "wandb").glob("*run-*-*"))
-        run_id = earlier[-1].name.rsplit("-", 1)[-1] if earlier else uuid.uuid4().hex[:8]
-        try:
-            self.run = wandb.init(mode=cfg.mode, dir=str(run_dir / WANDB_DIR),
-                                  project=cfg.project, entity=cfg.entity, config=config,
-                                  id=run_id, resume="allow", **wandb_names(run_dir))
-        except wandb.Error as err:   # online without an account or network, for example
-            why = " ".join(str(err).split()).rstrip(".")
-            raise ConfigError(f"logger=wandb could not start a run (logger.mode={cfg.mode}): "
-                              f"{why}. Use logger.mode=offline to write the run without an "
-                              "account or network.") from None
-
-    def log(self, step: int, scalars: dict[str, float]) -> None:
-        self.run.log(scalars, step=step)
-
-    def summary(self, scalars: dict[str, float]) -> None:
-        self.run.summary.update(scalars)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-def wandb_names(run_dir: Path) -> dict[str, str]:
-    """W&B's run name is the run folder; in a sweep, the job's folder inside the sweep folder,
-    and the sweep folder is the group that gathers the sweep's runs."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from trainer.resume import shown
-
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        sweep = Path(HydraConfig.get().sweep.dir)
-        return {"name": os.path.relpath(run_dir, sweep), "group": shown(sweep)}
-    return {"name": shown(run_dir)}
-
-
-def open_logger(cfg: LoggerConfig, run_dir: Path, config: dict, start_step: int) -> "Mirror":
-    """The logger `cfg` names, for the run in `run_dir` continuing after `start_step`, with the
-    resolved `config` as its hyperparameters."""
-    require(cfg)
-    if cfg.name == "tensorboard":
-        return Mirror(TensorBoardLogger(run_dir, config, start_step))
-    if cfg.name == "wandb":
-        return Mirror(WandbLogger(cfg, run_dir, config))
-    return Mirror(NoLogger())
+    null as text): what TensorBoard's HParams tab accepts."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+            for k, v in flat(config).items()}
 
 
 class Mirror:
-    """What RunDir calls: each metrics.jsonl record and the summary, as scalars by tag."""
+    """What RunDir calls: each record and the summary as scalars, into TensorBoard event files
+    (<run dir>/tensorboard/) or a W&B run (<run dir>/wandb/; offline by default, `wandb sync`
+    uploads it); logger=none mirrors nothing."""
 
-    def __init__(self, backend):
-        self.backend, self.open = backend, True
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict, start_step: int):
+        require(cfg)
+        self.name, self.open = cfg.name, True
+        if cfg.name == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard.summary import hparams
+
+            # A resumed run redoes the steps past its checkpoint (dropped from metrics.jsonl):
+            # purge_step hides the earlier segment's events from that step on.
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"),
+                                        purge_step=start_step + 1 if start_step else None)
+            for summary in hparams(hyperparameters(config), {}):
+                self.writer.file_writer.add_summary(summary)
+        elif cfg.name == "wandb":
+            self.run = wandb_run(cfg, run_dir, config)
 
     def record(self, record: dict) -> None:
         if self.open:
-            self.backend.log(record["step"], tags(record))
+            self.log(record["step"], tags(record))
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        if self.name == "tensorboard":
+            for tag, value in scalars.items():
+                self.writer.add_scalar(tag, value, step)
+        elif self.name == "wandb":
+            self.run.log(scalars, step=step)
 
     def summary(self, summary: dict) -> None:
         """The summary as scalars `summary/<field>` at the last step (and as W&B's run
-        summary). Non-finite values arrive as null (summary.json has no NaN): left out."""
+        summary); non-finite values arrive as null (JSON has no NaN) and are left out."""
         if not self.open:
             return
         scalars = {k: v for k, v in tags(summary, "summary").items() if math.isfinite(v)}
-        self.backend.log(summary["steps"], scalars)
-        if isinstance(self.backend, WandbLogger):
-            self.backend.summary({k.split("/", 1)[1]: v for k, v in scalars.items()})
+        self.log(summary["steps"], scalars)
+        if self.name == "wandb":
+            self.run.summary.update({k.split("/", 1)[1]: v for k, v in scalars.items()})
 
     def close(self) -> None:
-        if self.open:
-            self.open = False
-            self.backend.close()
+        if self.open and self.name == "tensorboard":
+            self.writer.close()
+        elif self.open and self.name == "wandb":
+            self.run.finish()
+        self.open = False
+
+
+def wandb_run(cfg: LoggerConfig, run_dir: Path, config: dict):
+    """A W&B run in <run dir>/wandb/, named by the run folder (in a sweep: the job's folder,
+    grouped by the sweep folder). A resumed run keeps the id of its earlier segment, read from
+    the name of the folder wandb wrote (`offline-run-<time>-<id>`)."""
+    import wandb
+    from hydra.core.hydra_config import HydraConfig
+
+    earlier = sorted((run_dir / "wandb").glob("*run-*-*"))
+    run_id = earlier[-1].name.rsplit("-", 1)[-1] if earlier else uuid.uuid4().hex[:8]
+    names = {"name": shown(run_dir)}
+    if is_sweep_job():
+        sweep = Path(HydraConfig.get().sweep.dir)
+        names = {"name": os.path.relpath(run_dir, sweep), "group": shown(sweep)}
+    try:
+        return wandb.init(mode=cfg.mode, dir=str(run_dir), project=cfg.project,
+                          entity=cfg.entity, config=config, id=run_id, resume="allow", **names)
+    except wandb.Error as err:   # online without an account or network, for example
+        why = " ".join(str(err).split()).rstrip(".")
+        raise ConfigError(f"logger=wandb could not start a run (logger.mode={cfg.mode}): "
+                          f"{why}. Use logger.mode=offline to write the run without an "
+                          "account or network.") from None

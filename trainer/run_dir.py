@@ -1,17 +1,15 @@
 """Everything a training run writes into its run directory, and reads back on resume.
 
-    run.json          resolved config, overrides, git commit, library versions, device; and
-                      "segments": one record per start or resume (git commit, command, times,
-                      step range, how it ended)
-    metrics.jsonl     one JSON object per logged step ("kind": "train") and evaluation ("eval")
-    summary.json      written once, when the run ends (or diverges)
-    tokenizer.json    copy of the tokenizer the run used
-    checkpoints/      last.pt (every trainer.ckpt_every steps and at the end), best.pt
-    samples.txt       generated continuations of trainer.sample_prompts
-    tensorboard/      logger=tensorboard's event files; wandb/: logger=wandb's run (loggers.py)
+    run.json        resolved config, overrides, git commit, library versions, device, and one
+                    "segments" record per start or resume (command, times, steps, how it ended)
+    metrics.jsonl   one JSON object per logged step ("kind": "train") and evaluation ("eval")
+    summary.json    written once, when the run ends (or diverges)
+    tokenizer.json  the tokenizer the run used;  samples.txt: continuations of the prompts
+    checkpoints/    last.pt (every trainer.ckpt_every steps and at the end), best.pt
+    tensorboard/, wandb/   the experiment logger's files (trainer/loggers.py)
 
-Files are replaced atomically (write a temporary file, fsync, rename), so a run killed at any
-moment leaves either the old or the new checkpoint, never half of one.
+Files are replaced atomically (a temporary file, fsync, rename): a run killed at any moment
+leaves either the old or the new checkpoint, never half of one.
 """
 
 import json
@@ -33,9 +31,7 @@ from tqdm import tqdm
 from data.recall import RecallData
 from model.errors import UserError
 from trainer.build import Run
-from trainer.loggers import LoggerConfig, open_logger
-
-HYDRA_FILES = {".hydra"}   # what Hydra writes into a run directory before train.py starts
+from trainer.loggers import LoggerConfig, Mirror
 
 
 def atomic_write(path: Path, write: Any) -> None:
@@ -58,41 +54,10 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def remove_if_unstarted(run_dir: Path) -> None:
-    """Delete a run directory that holds only Hydra's bookkeeping (the run failed to start)."""
-    if run_dir.resolve() == Path.cwd().resolve() or not run_dir.is_dir():
-        return
-    if set(os.listdir(run_dir)) <= HYDRA_FILES:
+    """Delete a run directory that holds only Hydra's .hydra/ (the run failed to start)."""
+    if run_dir.resolve() != Path.cwd().resolve() and run_dir.is_dir() and set(
+            os.listdir(run_dir)) <= {".hydra"}:
         shutil.rmtree(run_dir)
-
-
-def environment(device: torch.device) -> dict:
-    """Git commit, library versions and device: what a reader needs to rerun this run."""
-    import hydra
-    import omegaconf
-    import tokenizers
-
-    def git(*args: str) -> Optional[str]:
-        try:
-            out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                 cwd=Path(__file__).resolve().parent)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
-        "command": [sys.executable, *sys.argv],
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "numpy": np.__version__, "hydra": hydra.__version__,
-                     "omegaconf": omegaconf.__version__, "tokenizers": tokenizers.__version__},
-        "device": {"type": device.type,
-                   "name": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                            else cpu_name()),
-                   "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()},
-        "platform": platform.platform(),
-    }
 
 
 def cpu_name() -> str:
@@ -112,10 +77,8 @@ def read_metrics(path: Path) -> list[dict]:
     lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
         try:
-            records.append(json.loads(line))
+            records += [json.loads(line)] if line.strip() else []
         except json.JSONDecodeError:
             if number == len(lines):
                 break
@@ -126,16 +89,11 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 class RunDir:
-    """The run directory as the loop writes it: on rank 0 only, so the loop reads the same on
-    every process. Opening it prints what is about to run, adds this segment to run.json,
-    copies tokenizer.json and opens metrics.jsonl (flushed per line: plots read live runs).
-    The experiment logger (logger=..., trainer/loggers.py) gets every record and the summary
-    it writes; it closes with the segment (end_segment) or when an error leaves the loop."""
+    """The run directory as the loop writes it, on rank 0 only. Opening it prints what is about
+    to run, adds this segment to run.json, copies tokenizer.json and opens metrics.jsonl
+    (flushed per line: plots read live runs) and the experiment logger, which gets every record
+    and the summary; the logger closes with the segment or when an error leaves the loop."""
 
     def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
         self.path, self.writes = path, run.compute.rank == 0
@@ -145,8 +103,8 @@ class RunDir:
             return
         print(start_line(run, resumed_from))
         path.mkdir(parents=True, exist_ok=True)
-        self.logger = open_logger(LoggerConfig(**run.config.resolved.get("logger", {})), path,
-                                  run.config.resolved, run.state.progress.step)
+        self.logger = Mirror(LoggerConfig(**run.config.resolved.get("logger", {})), path,
+                             run.config.resolved, run.state.progress.step)
         metrics = path / "metrics.jsonl"
         if resumed_from and metrics.exists():   # drop the records of steps past the checkpoint
             kept = [json.dumps(r) + "\n" for r in read_metrics(metrics)
@@ -191,6 +149,10 @@ class RunDir:
             self.logger.close()
 
 
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 def start_line(run: Run, resumed_from: Optional[Path]) -> str:
     """What is about to run: data, model size, device, precision, threads, processes."""
     data, compute, train_cfg = run.data, run.compute, run.config.train_cfg
@@ -210,16 +172,38 @@ def start_line(run: Run, resumed_from: Optional[Path]) -> str:
 
 def begin_segment(path: Path, run: Run, resumed_from: Optional[Path],
                   overrides: list[str]) -> None:
-    """run.json: what the run is, as its first segment wrote it, and one record per segment
-    (each start or resume). A resumed run keeps what is there and appends its segment."""
-    compute, train_cfg = run.compute, run.config.train_cfg
-    env = environment(compute.device)
+    """run.json: what the run is (git commit, library versions and device: what a reader needs
+    to rerun it), as its first segment wrote it, and one record per segment (start or resume)."""
+    import hydra
+    import omegaconf
+    import tokenizers
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                 cwd=Path(__file__).resolve().parent)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    compute, train_cfg, device = run.compute, run.config.train_cfg, run.compute.device
+    status = git("status", "--porcelain", "--untracked-files=no")
+    env = {"git_commit": git("rev-parse", "HEAD"),
+           "git_dirty": None if status is None else bool(status),
+           "command": [sys.executable, *sys.argv],
+           "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                        "numpy": np.__version__, "hydra": hydra.__version__,
+                        "omegaconf": omegaconf.__version__, "tokenizers": tokenizers.__version__},
+           "device": {"type": device.type,
+                      "name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                               else cpu_name()),
+                      "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+           "platform": platform.platform()}
     segment = {"started_at": now(), "start_step": run.state.progress.step,
                "resumed_from": str(resumed_from) if resumed_from else None,
-               "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
-               "command": env["command"], "world_size": compute.world,
-               "precision": compute.precision, "compile": train_cfg.compile,
-               "device": env["device"]}
+               **{k: env[k] for k in ("git_commit", "git_dirty", "command")},
+               "world_size": compute.world, "precision": compute.precision,
+               "compile": train_cfg.compile, "device": env["device"]}
     record = json.loads(path.read_text()) if resumed_from and path.exists() else {
         "config": run.config.resolved, "overrides": overrides,
         "model_config": asdict(run.config.model_cfg), "n_params": run.state.model.num_params(),
@@ -233,7 +217,7 @@ def begin_segment(path: Path, run: Run, resumed_from: Optional[Path],
 def summarize(run: Run, step: int, tokens_per_sec: Optional[float], diverged: bool,
               full: dict) -> dict:
     """summary.json's content; non-finite numbers become null (JSON has no NaN). `full` holds
-    the whole-split evaluation (trainer.evaluate.evaluate_full; null fields if diverged)."""
+    the whole-split evaluation (evaluate_full; empty if diverged: null fields)."""
     p = run.state.progress
     summary = {"final_val_loss": p.final_val_loss, "best_val_loss": p.best_val_loss,
                "best_step": p.best_step, "init_val_loss": p.init_val_loss, "steps": step,

@@ -1,16 +1,15 @@
-"""Training configs (optim, trainer) and the typed Hydra schema of the whole config.
+"""Training configs (optim, trainer), the typed Hydra schema and the check of group overrides.
 
 The frozen dataclasses (these, GPTConfig, ScalingConfig, DataConfig) validate themselves and
-hold the defaults; a file in configs/<group>/ states only what its option changes. Hydra needs
-mutable dataclasses to merge overrides into (a frozen one makes OmegaConf's node read-only), so
-`hydra_schema` derives a mutable copy with the same fields: a typo or a wrongly typed override
-(`model.n_head=abc`) fails when Hydra composes the config.
+hold the defaults; a file in configs/<group>/ states only what its option changes. Hydra merges
+overrides into mutable copies of them, so a typo or a wrongly typed override fails at once.
 """
 
 import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
@@ -19,6 +18,8 @@ from model.errors import ConfigError, check_positive_int, invalid
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 ON_NAN = ("stop", "raise")
+HYDRA_GROUPS = ("hydra/launcher",)   # Hydra's own groups whose options a user picks
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class OptimConfig:
             raise invalid("optim.betas", self.betas, "use two numbers in [0, 1), e.g. [0.9,0.99].")
         if self.weight_decay < 0 or self.eps <= 0:
             raise invalid("optim.weight_decay/eps", (self.weight_decay, self.eps),
-                       "weight_decay must be >= 0 and eps > 0.")
+                          "weight_decay must be >= 0 and eps > 0.")
         if self.warmup_steps < 0:
             raise invalid("optim.warmup_steps", self.warmup_steps, "use 0 or more steps.")
         if self.grad_clip < 0:
@@ -60,14 +61,12 @@ class TrainerConfig:
     eval_iters: int = 20               # fixed validation batches per evaluation
     log_every: int = 10                # train records, progress bar and non-finite check
     ckpt_every: int = 500
-    # auto: bf16 on GPUs (fp16 if no bf16) and on CPUs with native bf16 (AMX / AVX512-BF16)
-    precision: str = "auto"            # auto | fp32 | bf16 | fp16
+    precision: str = "auto"            # auto | fp32 | bf16 | fp16 (auto: trainer/build.py)
     compile: bool = False              # torch.compile (checkpoints hold the plain weights)
     device: str = "auto"               # auto (cuda, then mps, then cpu) | cpu | cuda:N | mps
-    # CPU intra-op threads. auto: OMP_NUM_THREADS if set, else the cores available to the
-    # process (shared by torchrun's processes on one machine), at most 8; printed at start.
+    # CPU threads: auto (trainer/build.py, printed at start), a number, or null (torch's own).
     # On a machine that other jobs keep busy set a number (1 there): OpenMP threads that
-    # compete for cores spin-wait on each other. null leaves torch's count as it is.
+    # compete for cores spin-wait on each other.
     threads: Any = "auto"
     seed: int = 1337
     resume: Optional[str] = None       # null | auto (this run dir's last.pt) | path/to/last.pt
@@ -76,9 +75,8 @@ class TrainerConfig:
     sample_tokens: int = 200
     sample_temperature: float = 0.8
     sample_top_k: Optional[int] = 200
-    # The end-of-run score of the whole validation split (summary.json's *_full fields): a
-    # split of more targets than this is scored on a fixed, evenly spread subset of this many;
-    # null scores every split whole.
+    # The end-of-run score of the whole validation split (summary.json's *_full fields) covers
+    # at most this many targets, an even fixed subset (null: every split whole).
     full_eval_tokens: Optional[int] = 4_000_000
 
     def __post_init__(self):
@@ -97,29 +95,32 @@ class TrainerConfig:
                           "or null (leave PyTorch's count as it is).")
         if self.sample_tokens < 0 or self.sample_temperature < 0:
             raise invalid("trainer.sample_tokens/sample_temperature",
-                       (self.sample_tokens, self.sample_temperature), "use values >= 0.")
+                          (self.sample_tokens, self.sample_temperature), "use values >= 0.")
         if self.sample_top_k is not None and self.sample_top_k < 1:
             raise invalid("trainer.sample_top_k", self.sample_top_k, "use null or >= 1.")
         if self.full_eval_tokens is not None and self.full_eval_tokens < 1:
             raise invalid("trainer.full_eval_tokens", self.full_eval_tokens,
-                       "use null (score the whole validation split) or a positive token count.")
+                          "use null (score the whole validation split) or a positive token count.")
 
 
 def hydra_schema(cls: type, exclude: tuple[str, ...] = ()) -> type:
-    """A mutable dataclass with `cls`'s fields (names, types, defaults) minus `exclude`."""
+    """A mutable dataclass with `cls`'s fields (names, types, defaults) minus `exclude`: Hydra
+    merges into it (a frozen one makes OmegaConf's node read-only)."""
     hints = typing.get_type_hints(cls)
-    specs = []
-    for f in dataclasses.fields(cls):
-        if f.name in exclude:
-            continue
-        if f.default is not dataclasses.MISSING:
-            default = field(default=f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            default = field(default_factory=f.default_factory)
-        else:
-            default = field(default=MISSING)
-        specs.append((f.name, hints[f.name], default))
+    specs = [(f.name, hints[f.name],
+              field(default=f.default) if f.default is not dataclasses.MISSING else
+              field(default_factory=f.default_factory)
+              if f.default_factory is not dataclasses.MISSING else field(default=MISSING))
+             for f in dataclasses.fields(cls) if f.name not in exclude]
     return dataclasses.make_dataclass(f"{cls.__name__}Schema", specs)
+
+
+def flat(config: dict, prefix: str = "") -> dict:
+    """A nested config as flat `group.key` entries: {"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in config.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
 
 
 def register_configs() -> None:
@@ -144,10 +145,53 @@ def register_configs() -> None:
 
 
 def exact_division(a: int, b: int) -> int:
-    """`${div:a,b}` in a config: a / b when it divides evenly. configs/experiment/head_width.yaml
-    sets `model.n_head: ${div:${model.d_model},${model.d_head}}` to vary the head width at a
-    fixed model width."""
+    """`${div:a,b}` (configs/experiment/head_width.yaml): a / b when it divides evenly."""
     if b <= 0 or a % b:
         raise ConfigError(f"${{div:{a},{b}}}: {a} is not a multiple of {b}; choose values whose "
                           "ratio is a whole number (e.g. model.d_head dividing model.d_model).")
     return a // b
+
+
+def check_group_overrides(args: list[str], config_dir: Path = CONFIGS) -> None:
+    """ConfigError naming the group and its options for an override that gives a config group
+    (configs/<group>/, hydra/launcher) null, an empty value or an option it does not have, each
+    value of a sweep included; Hydra's own message names neither. Deletions (`~group`), globs
+    and interpolations are left to Hydra."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException
+
+    groups = {*(p.name for p in config_dir.iterdir() if p.is_dir() and p.name != "hydra"),
+              *HYDRA_GROUPS}
+    parser = OverridesParser.create()
+    for arg in args:
+        try:
+            override = parser.parse_override(arg)
+        except HydraException:   # not an override Hydra can read: its own message says why
+            continue
+        group = override.key_or_group
+        if group not in groups or override.is_delete():
+            continue
+        value = override.value()   # a sweep: its ChoiceSweep, RangeSweep or Glob
+        if isinstance(value, Glob):   # matched against the options by Hydra itself
+            continue
+        values = (list(override.sweep_iterator()) if override.is_sweep_override()
+                  else value if isinstance(value, list) else [value])
+        with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
+            # the options Hydra composes: the files, and for hydra/launcher the plugins' too
+            options = GlobalHydra.instance().config_loader().get_group_options(
+                group, results_filter=ObjectType.CONFIG)
+        for value in values:
+            if not (isinstance(value, str) and (value in options or value.startswith("${"))):
+                given = ("an option, not null" if value is None else "an option, not an empty "
+                         "value" if value == "" else f"one of its options; {value!r} is not one")
+                where = f"the files in configs/{group}/" + (
+                    " and the installed Hydra plugins" if group in HYDRA_GROUPS else "")
+                tail = (" Leave experiment out (or write ~experiment) to train without a preset."
+                        if group == "experiment" else "")
+                raise ConfigError(f"{arg}: the config group `{group}` needs {given}. Its options "
+                                  f"({where}): {', '.join(options) or 'none'}; pick one as "
+                                  f"{group}=NAME.{tail}")

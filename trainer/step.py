@@ -1,14 +1,12 @@
 """One optimizer step: fetch the micro-batches, forward, backward, clip, AdamW, schedule.
 
-The loss of a step is the mean over every real target token of all its micro-batches and all
-processes: the sum of the token losses over the count of real targets, both summed across
-processes. A padded micro-batch with few real tokens therefore weighs as few tokens, and the
-step does not depend on how the global batch is split over processes.
+The loss of a step is the sum of the token losses of all its micro-batches and processes over
+their count of real targets: a padded micro-batch with few real tokens weighs as few tokens,
+and the step does not depend on how the global batch is split over processes.
 """
 
 import math
 from contextlib import nullcontext
-from typing import Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -22,10 +20,8 @@ def to_device(batch: Batch, device: torch.device):
     """(idx, targets, valid_mask) on the device. On CUDA the copies go from pinned memory with
     non_blocking=True: a copy from pageable memory would synchronise with the GPU every step."""
     cuda = device.type == "cuda"
-
-    def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        return None if t is None else (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
-    return move(batch.idx), move(batch.targets), move(batch.valid_mask)
+    return tuple(t if t is None else (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
+                 for t in (batch.idx, batch.targets, batch.valid_mask))
 
 
 def count_targets(batches, compute: Compute) -> torch.Tensor:
@@ -39,12 +35,10 @@ def count_targets(batches, compute: Compute) -> torch.Tensor:
 
 def train_step(state: TrainState, compute: Compute, grad_accum: int, grad_clip: float,
                want_qk: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """One optimizer step over `grad_accum` micro-batches of `state.batcher`.
-
-    Returns device tensors (this process's share of the step's loss, whose sum over processes
-    is the loss; the gradient norm before clipping; clipping at `grad_clip`, 0 = off) and, if
-    want_qk, the q/k projection gradient norms (floats: a host sync).
-    """
+    """One optimizer step over `grad_accum` micro-batches of `state.batcher`. Returns device
+    tensors (this process's share of the step's loss, summed over processes it is the loss; the
+    gradient norm before clipping at `grad_clip`, 0 = off) and, if want_qk, the q/k projection
+    gradient norms (mean over layers and per layer; a host sync)."""
     batches = [to_device(state.batcher.next(), compute.device) for _ in range(grad_accum)]
     n_targets = count_targets(batches, compute)
     # DDP averages gradients over processes: scaling by the world size undoes that average.
@@ -61,16 +55,13 @@ def train_step(state: TrainState, compute: Compute, grad_accum: int, grad_clip: 
         loss_sum += loss.detach().float()
     state.scaler.unscale_(state.optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip or math.inf)
-    qk = qk_grad_record(state.model) if want_qk else {}
+    qk = {}
+    if want_qk:
+        q, k = zip(*(block.attn.qk_grad_norms() for block in state.model.blocks))
+        qk = {"q_grad_norm": sum(q) / len(q), "k_grad_norm": sum(k) / len(k),
+              "q_grad_norm_layers": list(q), "k_grad_norm_layers": list(k)}
     state.scaler.step(state.optimizer)
     state.scaler.update()
     state.scheduler.step()
     state.optimizer.zero_grad(set_to_none=True)
     return loss_sum / n_targets, grad_norm, qk
-
-
-def qk_grad_record(model) -> dict:
-    """Gradient norms of the query and key projections, mean over layers and per layer."""
-    q, k = zip(*(block.attn.qk_grad_norms() for block in model.blocks))
-    return {"q_grad_norm": sum(q) / len(q), "k_grad_norm": sum(k) / len(k),
-            "q_grad_norm_layers": list(q), "k_grad_norm_layers": list(k)}
