@@ -45,11 +45,11 @@ class DataConfig:
     verify: bool = False               # re-read the corpus and compare it with the cache
     # source=recall only (data/recall.py: generated sequences, docs/data.md "Recall task")
     task: str = "copy"                 # copy (induction copy) | mqar (associative recall)
-    seq_len: int = 24                  # tokens per sequence; model.block_size must equal it
-    copy_len: int = 7                  # copy: symbols repeated after the separator
+    seq_len: int = 40                  # tokens per sequence; model.block_size must equal it
+    copy_len: int = 8                  # copy: symbols repeated after the separator
     num_values: int = 32               # copy: symbols; mqar: value ids
     num_keys: int = 32                 # mqar: key ids
-    num_kv_pairs: int = 4              # mqar: key-value pairs per sequence
+    num_kv_pairs: int = 8              # mqar: key-value pairs per sequence
     power_a: float = 0.01              # mqar: query positions p(g) ~ (g+1)^(power_a-1)
     seed: int = 0                      # the training stream and the validation set
     val_sequences: int = 2000          # the fixed validation set
@@ -94,13 +94,13 @@ class DataConfig:
                     "val_sequences"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise bad(key, getattr(self, key), "use a positive integer.")
-        seg_len = self.seq_len - self.copy_len - 1
-        if self.task == "copy" and not self.copy_len < seg_len <= self.num_values:
+        seg_len = self.seq_len - self.copy_len
+        if self.task == "copy" and not self.copy_len <= seg_len <= self.num_values:
             raise bad("copy_len/seq_len", (self.copy_len, self.seq_len), "the copy task "
-                      "repeats copy_len symbols, from a random offset, of a segment of seq_len - "
-                      "copy_len - 1 distinct symbols, so it needs copy_len < seq_len - copy_len - "
-                      f"1 <= data.num_values={self.num_values}; lower copy_len or seq_len, or "
-                      "raise num_values.")
+                      "repeats the first copy_len symbols of a segment of seq_len - copy_len "
+                      "distinct symbols, so it needs copy_len <= seq_len - copy_len <= "
+                      f"data.num_values={self.num_values}; lower copy_len or seq_len, or raise "
+                      "num_values.")
         if self.task == "mqar" and (self.seq_len % 2 or 4 * self.num_kv_pairs > self.seq_len or
                                    self.num_kv_pairs > min(self.num_keys, self.num_values)):
             raise bad("num_kv_pairs/seq_len", (self.num_kv_pairs, self.seq_len), "mqar needs "

@@ -1,32 +1,35 @@
 """Synthetic recall tasks (`data=recall`): sequences a model can only answer by attending.
 
-Two generators, chosen by `data.task`, of (inputs, targets), each (n, data.seq_len); targets are
-IGNORE_INDEX except where an earlier token determines the answer, so the loss and the accuracy
-count only those answers (docs/data.md, "Recall task").
+Two generators, chosen by `data.task`; both give (inputs, targets) of shape (n, data.seq_len)
+with targets IGNORE_INDEX everywhere except where the answer is determined by an earlier token,
+so the loss and the accuracy count only those answers (docs/data.md, "Recall task").
 
-- copy (induction copy, Olsson et al. 2022): a segment of S = seq_len - copy_len - 1 distinct
-  symbols of `num_values`, a separator, then copy_len symbols of the segment from a random
-  offset o (0 <= o < S - copy_len). Ids: symbols 0..V-1, separator V. Target at each repeated
-  symbol: the one after it in the segment (copy_len answers, none at the separator).
+- copy (induction copy, Olsson et al. 2022): a segment of S = seq_len - copy_len distinct
+  symbols drawn from `num_values`, a separator, then the first copy_len symbols again.
+  Ids: symbols 0..V-1, separator V. Targets: at the separator and at each copied symbol, the
+  next symbol of the segment (copy_len answers per sequence).
 - mqar (multi-query associative recall, Arora et al. 2023, after HazyResearch/zoology's
   multiquery_ar): P = num_kv_pairs pairs k_1 v_1 ... k_P v_P, then each key queried once at a
   power-law distributed even slot of the rest; the target at a query key's position is its
   value. Ids: 0 filler, keys 1..K, values K+1..K+V; other positions are random tokens.
 
-Batches are pure functions of (data.seed, split, step): the training stream draws from
-default_rng([seed, 0, step]), the fixed validation set from default_rng([seed, 1]).
+Batches are pure functions of (data.seed, split, step), so training is exact on resume and
+nothing is stored: the training stream draws from np.random.default_rng([seed, 0, step]), the
+validation set (val_sequences sequences, fixed) from default_rng([seed, 1]).
 """
 
 from dataclasses import dataclass
-from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from data.batching import Batch
-from data.config import DataConfig
 from model.errors import DataError
 from model.gpt import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from data.config import DataConfig
 
 TRAIN_STREAM, VAL_STREAM, EVAL_TRAIN_STREAM = 0, 1, 2
 
@@ -39,13 +42,12 @@ def distinct_draws(rng: np.random.Generator, n: int, pool: int, k: int) -> np.nd
 def copy_task(rng: np.random.Generator, n: int, seq_len: int, copy_len: int,
               num_values: int) -> tuple[np.ndarray, np.ndarray]:
     """Induction copy sequences: (inputs, targets), each (n, seq_len) int64."""
-    S, M = seq_len - copy_len - 1, copy_len
-    seg = distinct_draws(rng, n, num_values, S)                            # (n, S)
-    offset = rng.integers(0, S - M, size=(n, 1))                            # (n, 1)
-    copied = np.take_along_axis(seg, offset + np.arange(M + 1), axis=1)    # (n, M + 1)
-    inputs = np.concatenate([seg, np.full((n, 1), num_values), copied[:, :M]], axis=1)
+    seg_len = seq_len - copy_len
+    seg = distinct_draws(rng, n, num_values, seg_len)                 # (n, S)
+    sep = np.full((n, 1), num_values)                                  # (n, 1)
+    inputs = np.concatenate([seg, sep, seg[:, :copy_len - 1]], axis=1)  # (n, S + 1 + M - 1)
     targets = np.full_like(inputs, IGNORE_INDEX)
-    targets[:, S + 1:] = copied[:, 1:]   # each repeated symbol predicts its successor
+    targets[:, seg_len:] = seg[:, :copy_len]   # the separator and each copy predict what follows
     return inputs, targets
 
 
@@ -65,30 +67,17 @@ def mqar(rng: np.random.Generator, n: int, seq_len: int, num_kv_pairs: int, num_
     qpos = 2 * P + 2 * np.argsort(-gumbel, axis=1)[:, :P]             # (n, P) query positions
     np.put_along_axis(inputs, qpos, keys, axis=1)
     np.put_along_axis(targets, qpos, values, axis=1)
-    blank = inputs == 0   # Zoology's random_non_queries: filler is any token
-    inputs[blank] = rng.integers(0, vocab_size_of(num_keys, num_values, "mqar"), (n, T))[blank]
+    fill = rng.integers(0, vocab_size_of(num_keys, num_values, "mqar"), size=(n, T))
+    blank = inputs == 0
+    inputs[blank] = fill[blank]   # Zoology's random_non_queries: filler is any token
     return inputs, targets
-
-
-def candidates_chance(inputs: np.ndarray, targets: np.ndarray, cfg: DataConfig) -> float:
-    """Accuracy of a uniform guess among the candidates in the context, over every answer
-    (copy: the symbols seen once, i.e. the segment less the copied ones; mqar: the value ids
-    seen): what the bag of earlier tokens, without their order, gives."""
-    vocab = vocab_size_of(cfg.num_keys, cfg.num_values, cfg.task)
-    rows, cols = np.nonzero(targets != IGNORE_INDEX)                   # the answers
-    seen = np.cumsum(np.eye(vocab, dtype=np.int32)[inputs], axis=1)[rows, cols]  # (A, vocab)
-    lo = 0 if cfg.task == "copy" else 1 + cfg.num_keys                 # the first answer id
-    counts = seen[:, lo:lo + cfg.num_values]                           # (A, num_values)
-    candidate = counts == 1 if cfg.task == "copy" else counts > 0
-    right = candidate[np.arange(len(rows)), targets[rows, cols] - lo]
-    return float(np.mean(right / np.maximum(candidate.sum(axis=1), 1)))
 
 
 def vocab_size_of(num_keys: int, num_values: int, task: str) -> int:
     return num_values + 1 if task == "copy" else 1 + num_keys + num_values
 
 
-def generate(cfg: DataConfig, rng: np.random.Generator, n: int):
+def generate(cfg: "DataConfig", rng: np.random.Generator, n: int):
     """n sequences of cfg.task: (inputs, targets), each (n, cfg.seq_len)."""
     if cfg.task == "copy":
         return copy_task(rng, n, cfg.seq_len, cfg.copy_len, cfg.num_values)
@@ -100,8 +89,7 @@ def generate(cfg: DataConfig, rng: np.random.Generator, n: int):
 class RecallData:
     """What the trainer reads of a data source, for a generated task (no corpus, no cache)."""
 
-    cfg: DataConfig
-    tokenizer_path = None      # ids are symbols, there is no text tokenizer to copy
+    cfg: "DataConfig"
 
     @property
     def vocab_size(self) -> int:
@@ -112,11 +100,12 @@ class RecallData:
         return self.cfg.num_values if self.cfg.task == "copy" else 0
 
     eot_id = pad_id
+    tokenizer_path = None      # ids are symbols, there is no text tokenizer to copy
 
-    @cached_property
-    def context_chance(self) -> float:
-        """candidates_chance of the validation set (summary.json's chance_accuracy)."""
-        return candidates_chance(*validation_set(self.cfg), self.cfg)
+    @property
+    def chance(self) -> float:
+        """Accuracy of a uniform guess over the values."""
+        return 1.0 / self.cfg.num_values
 
     @property
     def meta(self) -> dict:
@@ -124,22 +113,20 @@ class RecallData:
         answers = self.cfg.copy_len if self.cfg.task == "copy" else self.cfg.num_kv_pairs
         return {"task": self.cfg.task, "seq_len": self.cfg.seq_len,
                 "vocab_size": self.vocab_size, "answers_per_sequence": answers,
-                "val_sequences": self.cfg.val_sequences, "chance_accuracy": 1 / self.cfg.num_values}
+                "val_sequences": self.cfg.val_sequences, "chance_accuracy": self.chance}
 
     def encode(self, text: str) -> list[int]:
         raise DataError("The recall task has symbol ids, not text, so trainer.sample_prompts "
-                        "cannot be encoded; set trainer.sample_prompts=[] (data=recall does).")
+                        "cannot be encoded; set trainer.sample_prompts=[] (trainer=recall does).")
 
     def decode(self, ids) -> str:
         return " ".join(str(int(i)) for i in ids)
 
     def describe(self) -> str:
-        """The start line's data part: what is generated, and both chance accuracies."""
-        v = self.cfg.num_values
+        """The start line's data part: what is generated, and the chance accuracy."""
         return (f"{self.cfg.task} sequences of {self.cfg.seq_len} tokens generated from "
                 f"data.seed={self.cfg.seed}, {self.cfg.val_sequences:,} val sequences, vocab "
-                f"{self.vocab_size}; chance accuracy 1/{v} = {1 / v:.4f} guessing any value, "
-                f"{self.context_chance:.4f} guessing a candidate in the context")
+                f"{self.vocab_size}; chance accuracy 1/{self.cfg.num_values} = {self.chance:.4f}")
 
 
 def to_batch(inputs: np.ndarray, targets: np.ndarray) -> Batch:
@@ -150,7 +137,7 @@ class RecallBatcher:
     """Training batches of fresh sequences; batch `step` comes from rng([seed, 0, step]), so the
     state is the step counter (the interface of data.batching.Batcher)."""
 
-    def __init__(self, cfg: DataConfig, *, batch_size: int, rank: int = 0,
+    def __init__(self, cfg: "DataConfig", *, batch_size: int, rank: int = 0,
                  world_size: int = 1, stream: int = TRAIN_STREAM):
         self.cfg, self.batch_size, self.stream, self.step = cfg, batch_size, stream, 0
         b = batch_size // world_size
@@ -176,12 +163,12 @@ class RecallBatcher:
         self.step = int(d["step"])
 
 
-def validation_set(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+def validation_set(cfg: "DataConfig") -> tuple[np.ndarray, np.ndarray]:
     """The whole validation set: val_sequences sequences from rng([seed, 1])."""
     return generate(cfg, np.random.default_rng([cfg.seed, VAL_STREAM]), cfg.val_sequences)
 
 
-def validation_batches(cfg: DataConfig, *, batch_size: int, rank: int = 0,
+def validation_batches(cfg: "DataConfig", *, batch_size: int, rank: int = 0,
                        world_size: int = 1, limit: int | None = None) -> list[Batch]:
     """The validation set in batches of batch_size // world_size rows for this rank (the
     first `limit` global batches, or all; a short last batch included)."""

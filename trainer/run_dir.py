@@ -227,8 +227,7 @@ def summarize(run: Run, step: int, tokens_per_sec: Optional[float], diverged: bo
                **{k: full.get(k) for k in ("final_val_loss_full", "final_val_bpb_full",
                                            "full_eval_targets", "full_eval_split_targets")},
                # recall only: other data have no accuracy field (docs/training.md)
-               **({"final_val_accuracy": full.get("final_val_accuracy"),
-                   "chance_accuracy": run.data.context_chance}
+               **({"final_val_accuracy": full.get("final_val_accuracy")}
                   if isinstance(run.data, RecallData) else {})}
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in summary.items()}
