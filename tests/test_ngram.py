@@ -4,6 +4,7 @@ counting equal to one chunk, the baselines.json cache, and bigram < unigram on r
 
 import json
 import math
+import random
 from collections import Counter
 from types import SimpleNamespace
 
@@ -156,3 +157,61 @@ def test_cache_hit_and_reference_levels_of_a_run_dir(english, tmp_path, monkeypa
     assert capped != stored["nats_per_token"]
     monkeypatch.setattr(ngram, "compute", no_compute)
     assert ngram.reference_levels(english) == capped
+
+
+def counter_levels(fit, scored, eot, V, ks, before=None):
+    """Mean -ln P per order of `scored` (after the 2 tokens `before`, EOT EOT by default) under
+    add-k counts of `fit` preceded by EOT EOT, by Counter: count(ctx) = the n-grams of `fit`
+    that start with ctx."""
+    s = [eot, eot, *map(int, fit)]
+    t = [*map(int, [eot, eot] if before is None else before), *map(int, scored)]
+    levels = {}
+    for n, name in ngram.ORDERS.items():
+        grams = Counter(tuple(s[i - n + 1:i + 1]) for i in range(2, len(s)))
+        contexts = Counter()
+        for gram, c in grams.items():
+            contexts[gram[:-1]] += c
+        nll = [math.log(contexts[tuple(t[i - n + 1:i])] + ks[name] * V)
+               - math.log(grams[tuple(t[i - n + 1:i + 1])] + ks[name]) for i in range(2, len(t))]
+        levels[name] = sum(nll) / len(nll)
+    return levels
+
+
+WORDS = "the cat dog sat ran on mat rug and big red old".split()
+AFTER = {w: random.Random(w).sample(WORDS, 2) for w in WORDS}   # 2 possible successors each
+
+
+def markov_text(seed: int, words: int) -> str:
+    """A walk of `words` words over AFTER, 12 to a line."""
+    rng, out = random.Random(seed), ["the"]
+    for i in range(words - 1):
+        out.append(("\n" if i % 12 == 11 else " ") + rng.choice(AFTER[out[-1].strip()]))
+    return "".join(out) + "\n"
+
+
+def test_bpe_levels_by_counter_and_bits_per_byte_from_the_bytes(tmp_path):
+    """data.tokenizer=bpe (at most 300 ids; the merges stop once every word is one token) on
+    a generated word chain: each k and the three levels against Counter, bigram below unigram, and
+    bits/byte = nats/token * tokens / (ln 2 * UTF-8 bytes of the validation text)."""
+    text = {"train": markov_text(1, 1500), "val": markov_text(2, 300)}
+    for split, body in text.items():
+        (tmp_path / f"{split}.txt").write_text(body)
+    overrides = ["data=text", f"data.train_files=[{tmp_path}/train.txt]",
+                 f"data.val_files=[{tmp_path}/val.txt]", "data.tokenizer=bpe",
+                 "data.vocab_size=300", f"data.cache_dir={tmp_path}/cache"]
+    assert baselines.main(overrides) == 0
+    data = ngram.prepare(load_config(overrides), progress=False)
+    result = json.loads((data.folder / ngram.FILE).read_text())
+    train, val, V, eot = list(data.train), list(data.val), data.vocab_size, data.eot_id
+    assert 258 < V <= 300 and len(train) < len(text["train"]) / 3   # merged: a token a word
+    cut = len(train) - round(ngram.HELD_OUT * len(train))
+    tail = {k: counter_levels(train[:cut], train[cut:], eot, V, dict.fromkeys(result["k"], k),
+                              before=train[cut - 2:cut]) for k in ngram.K_GRID}
+    assert result["k"] == {name: min(ngram.K_GRID, key=lambda k: tail[k][name])
+                           for name in ngram.ORDERS.values()}   # chosen on train's tail
+    nats = result["nats_per_token"]
+    assert nats == pytest.approx(counter_levels(train, val, eot, V, result["k"]), rel=1e-9)
+    assert all(math.isfinite(v) for v in nats.values()) and nats["bigram"] < nats["unigram"]
+    val_bytes = len(text["val"].encode("utf-8"))
+    assert result["bits_per_byte"] == pytest.approx(
+        {name: v * len(val) / (math.log(2) * val_bytes) for name, v in nats.items()}, rel=1e-12)
