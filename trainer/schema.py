@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from model.errors import ConfigError, check_positive_int, invalid
 
@@ -141,15 +141,6 @@ def register_configs() -> None:
         "Config", [(name, schema, field(default_factory=schema))
                    for name, schema in groups.items()])
     ConfigStore.instance().store(name="config_schema", node=config)
-    OmegaConf.register_new_resolver("div", exact_division, replace=True)
-
-
-def exact_division(a: int, b: int) -> int:
-    """`${div:a,b}` (configs/experiment/head_width.yaml): a / b when it divides evenly."""
-    if b <= 0 or a % b:
-        raise ConfigError(f"${{div:{a},{b}}}: {a} is not a multiple of {b}; choose values whose "
-                          "ratio is a whole number (e.g. model.d_head dividing model.d_model).")
-    return a // b
 
 
 def check_group_overrides(args: list[str], config_dir: Path = CONFIGS) -> None:
