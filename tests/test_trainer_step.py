@@ -1,4 +1,5 @@
-"""The training step and the evaluation loss weigh every real target token equally."""
+"""The training step and the evaluation loss weigh every real target token equally (padded
+batches, and data=recall's unmasked batches whose targets are only the answers)."""
 
 import copy
 import math
@@ -37,6 +38,18 @@ def batches() -> list[Batch]:
     return [full, sparse]
 
 
+def recall_batches() -> list[Batch]:
+    """As data=recall makes them: no valid mask, IGNORE_INDEX but at 3 and 1 answers."""
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for answers in ([(0, 5), (1, 6), (1, 7)], [(0, 7)]):
+        targets = torch.full((2, T), IGNORE_INDEX)
+        for row, col in answers:
+            targets[row, col] = int(torch.randint(0, VOCAB, (), generator=g))
+        out.append(Batch(torch.randint(0, VOCAB, (2, T), generator=g), targets, None))
+    return out
+
+
 def token_mean(m: GPT, bs: list[Batch]) -> torch.Tensor:
     """Sum of the token losses over the number of real targets, written out."""
     total, count = 0.0, 0
@@ -66,10 +79,11 @@ def test_evaluation_loss_is_the_mean_over_real_targets():
         expected, rel=1e-6)
 
 
-def test_train_step_loss_and_gradient_weigh_tokens_not_micro_batches():
+@pytest.mark.parametrize("make", [batches, recall_batches])
+def test_train_step_loss_and_gradient_weigh_tokens_not_micro_batches(make):
     m = model()
     reference = copy.deepcopy(m)
-    expected = token_mean(reference, batches())
+    expected = token_mean(reference, make())
     expected.backward()
     expected_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in reference.parameters()
                                   if p.grad is not None))
@@ -79,7 +93,7 @@ def test_train_step_loss_and_gradient_weigh_tokens_not_micro_batches():
     state = TrainState(
         model=m, wrapped=m, optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
-        scaler=torch.amp.GradScaler("cpu", enabled=False), batcher=ListBatcher(batches()))
+        scaler=torch.amp.GradScaler("cpu", enabled=False), batcher=ListBatcher(make()))
     compute = Compute(rank=0, world=1, device=device, precision="fp32", autocast=nullcontext())
     loss, grad_norm, _ = train_step(state, compute, grad_accum=2, grad_clip=optim.grad_clip)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)

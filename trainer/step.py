@@ -24,11 +24,10 @@ def to_device(batch: Batch, device: torch.device):
                  for t in (batch.idx, batch.targets, batch.valid_mask))
 
 
-def count_targets(batches, compute: Compute) -> torch.Tensor:
-    """Real targets in `batches` of all processes: the divisor of a token-weighted loss."""
-    if all(valid is None for _, _, valid in batches):   # concat: every target is real
-        return torch.tensor(float(compute.world * sum(t.numel() for _, t, _ in batches)),
-                            device=compute.device)
+def count_targets(batches) -> torch.Tensor:
+    """Real targets (not IGNORE_INDEX) in `batches` of all processes: the divisor of a
+    token-weighted loss. Counted, not taken from the shape: padding and data=recall (whose
+    batches have no valid mask, only answers as targets) leave targets out."""
     local = sum((targets != IGNORE_INDEX).sum() for _, targets, _ in batches)
     return all_reduce_sum(local.float())
 
@@ -40,7 +39,7 @@ def train_step(state: TrainState, compute: Compute, grad_accum: int, grad_clip: 
     gradient norm before clipping at `grad_clip`, 0 = off) and, if want_qk, the q/k projection
     gradient norms (mean over layers and per layer; a host sync)."""
     batches = [to_device(state.batcher.next(), compute.device) for _ in range(grad_accum)]
-    n_targets = count_targets(batches, compute)
+    n_targets = count_targets(batches)
     # DDP averages gradients over processes: scaling by the world size undoes that average.
     scale = compute.world / n_targets
     loss_sum = torch.zeros((), device=compute.device)
