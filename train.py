@@ -178,17 +178,20 @@ def hydra_main(cfg: DictConfig) -> None:
         dist.broadcast_object_list(shared, src=0)   # only rank 0's Hydra made a directory
         run_dir = Path(shared[0])
     rank, world = process_rank(), world_size()
+    together = False   # every process got here the same way: they leave at one barrier
     try:
         # a missing logger package fails here, on every process, before any data is prepared
         require(LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True)))
         launch.skip_if_sweep_stopped(run_dir)
         summary = train(cfg, run_dir)
+        together = True
     except UserError as err:
         if rank == 0:
             remove_if_unstarted(run_dir)
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         launch.end_job(2, run_dir)
     except Interrupted as err:
+        together = True   # the stop is all-reduced: every process stopped after the same step
         if rank == 0:
             how = "".join(f"\nResume {what} with:\n  {command}" for what, command in
                           launch.resume_commands(run_dir, world, SCRIPT,
@@ -201,6 +204,11 @@ def hydra_main(cfg: DictConfig) -> None:
         launch.end_job(3, run_dir)
     finally:
         if dist.is_initialized():
+            if together:
+                # gloo's worker threads release a finished collective's tensors after the
+                # caller has moved on; a process that reaches interpreter shutdown before
+                # they do aborts ("terminate called without an active exception").
+                dist.barrier()
             dist.destroy_process_group()
     if rank != 0:
         return
