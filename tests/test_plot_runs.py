@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.image import imread
 from scipy.stats import ttest_rel
 
 from scripts.report import figures
@@ -587,3 +588,5 @@ def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp
     assert table_row(lr_part, "scaling=none")[2] == "0.001 (grid edge)"
     assert "no seed is held out" in text.split("## Notes")[1]
     assert (out / "loss_curves.png").stat().st_size > 0
+    # the LR figure draws the loss-vs-LR row only: its held-out row would be empty panels
+    assert imread(out / "lr_transfer.png").shape[0] == round(3.8 * 120)

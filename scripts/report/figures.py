@@ -9,6 +9,7 @@ Each scale keeps one colour, dash pattern and marker in every figure.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -147,9 +148,16 @@ def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
             reference_lines(ax, levels)
     legend(fig, axes)
     context = " (grey: the other scales)" if per_scale else ""
-    fig.suptitle(f"{title}{context}\n{seeds_note(groups)}", fontsize=10)
+    suptitle(fig, f"{title}{context}\n{seeds_note(groups)}")
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def suptitle(fig, text: str, fontsize: float = 10) -> None:
+    """The figure's title, each line wrapped to the figure's width so that none is cut off."""
+    width = max(40, int(fig.get_figwidth() * 72 / (0.55 * fontsize)))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in text.split("\n")),
+                 fontsize=fontsize)
 
 
 def zoom_losses(ax, groups, series_of) -> None:
@@ -270,7 +278,7 @@ def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = (
         ax.set_xlabel("step")
     legend(fig, axes)
     geometric = "; log rows: geometric mean" if any(row[3] for row in rows) else ""
-    fig.suptitle(f"{title}\n{seeds_note(groups)}{geometric}", fontsize=10)
+    suptitle(fig, f"{title}\n{seeds_note(groups)}{geometric}")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -372,8 +380,8 @@ def plot_heads(run, path: Path) -> bool:
     handles, texts = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, texts, loc="outside lower center", ncol=min(n_head, 8), fontsize=9,
                frameon=False)
-    fig.suptitle(f"Attention per head: {run.path.name} ({run.variant}); fixed validation batch"
-                 f"{f', block_size {T}' if T else ''}", fontsize=10)
+    suptitle(fig, f"Attention per head: {run.path.name} ({run.variant}); fixed validation "
+                  f"batch{f', block_size {T}' if T else ''}")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True

@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from scripts.report import stats as st
-from scripts.report.figures import legend, reference_lines, share_y, style
+from scripts.report.figures import legend, reference_lines, share_y, style, suptitle
 from scripts.report.runs import LR_KEY, group_runs, label, setting_of, setting_order, variant_rank
 
 
@@ -33,9 +33,11 @@ def plot_lr(lr_runs, which: str, path: Path, held: dict, levels=None) -> None:
     variants = group_runs(lr_runs, drop=(LR_KEY,))
     tables = {k: st.lr_table(g, which) for k, g in variants.items()}
     settings = sorted({setting_of(k) for k in variants}, key=setting_order)
-    cols = max(len(settings), 3)
-    fig, axes = plt.subplots(2, cols, figsize=(3.6 * cols, 6.6), squeeze=False,
-                             layout="constrained")
+    # the bottom row needs seeds held out from the LR choice: none in a one-seed sweep
+    summary = any(held[k]["best"] is not None and held[k]["loss"] for k in tables)
+    cols = max(len(settings), 3) if summary else len(settings)
+    fig, axes = plt.subplots(2 if summary else 1, cols, figsize=(
+        max(3.6 * cols, 6.0), 6.6 if summary else 3.8), squeeze=False, layout="constrained")
     for j, setting in enumerate(settings):
         ax = axes[0][j]
         for key, table in tables.items():
@@ -44,20 +46,23 @@ def plot_lr(lr_runs, which: str, path: Path, held: dict, levels=None) -> None:
         ax.set(xscale="log", xlabel="learning rate")
         ax.set_title(label(setting, "all runs", short=True), fontsize=9)
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel(f"{st.LOSSES[which][1]}\n(clipped at loss at init)", fontsize=8)
+    axes[0][0].set_ylabel(f"{st.LOSSES[which][1]}\n(clipped at loss at init)", fontsize=9)
     share_y(axes[0][:len(settings)])
     for ax in axes[0][len(settings):]:
         ax.axis("off")
-    summary_panels(axes[1], tables, settings, held)
-    for ax in [*axes[0][:len(settings)], axes[1][1]] if levels else ():
+    if summary:
+        summary_panels(axes[1], tables, settings, held)
+        for ax in axes[1][3:]:
+            ax.axis("off")
+    for ax in [*axes[0][:len(settings)], *(axes[1][1:2] if summary else ())] if levels else ():
         reference_lines(ax, levels)
-    for ax in axes[1][3:]:
-        ax.axis("off")
     legend(fig, axes)
     ns = sorted({len(s) for t in tables.values() for s in t.values()})
-    fig.suptitle("Learning rate x setting: points = mean of n="
-                 f"{ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds, bars = 95% t"
-                 " interval (x: a seed diverged)", fontsize=10)
+    one_seed = "" if summary else ("; one seed per LR: best LR, held-out loss and LR "
+                                   "sensitivity need seeds held out from the choice")
+    suptitle(fig, "Learning rate x setting: points = mean of n="
+             f"{ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds, bars = 95% t"
+             f" interval (x: a seed diverged){one_seed}")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -108,7 +113,7 @@ def summary_panels(axes, tables: dict, settings: list[tuple], held: dict) -> Non
         if numeric:
             ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [f"{x:g}" for x in xs] if numeric else
-                      [label(s, short=True) for s in settings], fontsize=7)
+                      [label(s, short=True) for s in settings], fontsize=9)
     axes[0].set_yscale("log")
 
 
