@@ -2,6 +2,7 @@
 
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
                                 [--baseline sqrt_dk] [--pair KEY=VALUE ...] [--heads RUN_DIR]
+                                [--heads-seed SEED]
                                 [--select-seeds 1,2 | --report-seeds 3,4,5]
                                 [--select-from STAGE1/runs.csv]
     python scripts/plot_runs.py --from-csv DIR/runs.csv --out DIR2 [same options]
@@ -10,14 +11,18 @@ SWEEP_DIR is one preset run (multirun/<preset>/<time>/, one folder per job) or a
 folder. Only the folders named are read: name several to pool sweeps on purpose. Writes:
 
 - DIR/results.md        the tables of scripts/report/tables.py (also printed): final losses
-                        with the failed runs counted and left out, paired differences against
-                        the baseline scale (and against KEY=VALUE of each --pair) as Holm
-                        families, attention statistics, the LR analysis of an LR sweep
+                        with the failed runs counted and left out, for data=recall runs the
+                        steps to 0.9 validation accuracy, the runs that never got there and
+                        the final accuracy, paired differences against the baseline scale
+                        (and against KEY=VALUE of each --pair) as Holm families, attention
+                        statistics, the LR analysis of an LR sweep
 - DIR/runs.csv          one row per run: its folder, swept keys and final numbers
                         (scripts/report/runs_csv.py); --from-csv rebuilds the tables and the
                         LR figure from it alone
 - DIR/loss_curves.png   val loss vs step, one panel per setting (per scale when the sweep
                         varies only the scale)
+- DIR/accuracy_curves.png  data=recall runs: val accuracy vs step, panels as loss_curves.png,
+                        with the solved threshold (0.9) and chance (1/data.num_values)
 - DIR/loss_vs_baseline.png  the same, minus the baseline scale's loss at the same seed
 - DIR/diagnostics.png   attention entropy, saturated rows, scaled and raw max logit, raw
                         Var(q.k)/d_head vs step (one column per setting)
@@ -25,11 +30,14 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
                         the setting, and each scale's loss at its chosen LR (held-out seeds)
 - DIR/heads_<run>.png   with --heads RUN_DIR: that run's attention statistics per head (a
-                        panel per layer, a line per head), so the one head that saturates shows
+                        panel per layer, a line per head), so the one head that saturates
+                        shows; with --heads-seed SEED: the same for the run of that seed in
+                        every group of the curves (one run per cell of a sweep)
 
 The n-gram reference levels of the runs' corpus (scripts/report/ngram.py, cached by
 scripts/baselines.py) are printed above every table and drawn as dotted lines in the loss
-figures; runs without a shared .hydra/config.yaml get a note instead.
+figures; runs without a shared .hydra/config.yaml, and data=recall runs (generated, no
+corpus), get a note instead.
 
 A line is the mean over a group's seeds; its band is the 95% Student-t interval of that mean,
 drawn only where n >= 2. In an LR sweep a scale's loss "at its own best LR" is read on seeds
@@ -57,6 +65,7 @@ from model.errors import UserError  # noqa: E402
 from scripts.report import ngram  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
 from scripts.report.figures import (  # noqa: E402
+    plot_accuracy,
     plot_diagnostics,
     plot_heads,
     plot_losses,
@@ -68,6 +77,7 @@ from scripts.report.runs import (  # noqa: E402
     LR_KEY,
     canonical,
     group_runs,
+    label,
     load_run,
     load_runs,
     value_order,
@@ -156,6 +166,18 @@ def draw_heads(run_dir: Path, out: Path) -> str:
     return f"per-head attention statistics of {run_dir}: {name}"
 
 
+def heads_of_seed(seed: str, curves: dict, out: Path) -> list[str]:
+    """--heads-seed: draw_heads for the run of `seed` in every group of the curves (each
+    variant and setting, at its chosen LR in an LR sweep), and the notes on what was drawn."""
+    seed = canonical(seed)
+    notes = []
+    for key, runs in curves.items():
+        run = next((r for r in runs if r.seed == seed), None)
+        notes.append(draw_heads(run.path, out) if run is not None else
+                     f"--heads-seed {seed}: {label(key)} has no run of that seed")
+    return notes
+
+
 def main(argv=None, levels: Optional[dict] = None) -> int:
     """levels: the n-gram reference levels in nats per token ({"unigram": ..., "bigram": ...,
     "trigram": ...}) that judge failed runs; None: a runs.csv's own, else the cached levels of
@@ -182,6 +204,9 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
     parser.add_argument("--heads", action="append", default=[], type=Path, metavar="RUN_DIR",
                         help="also draw DIR/heads_<run>.png, the per-head attention statistics"
                         " of this run folder (repeatable)")
+    parser.add_argument("--heads-seed", metavar="SEED",
+                        help="also draw the per-head statistics of the run of this seed in"
+                        " every group (one run per cell; in an LR sweep, at the chosen LR)")
     args = parser.parse_args(argv)
     try:
         return report(args, levels)
@@ -239,6 +264,7 @@ def report(args, levels: Optional[dict]) -> int:
         notes.append("step-curve figures need the run folders' records: not drawn from a CSV")
     elif curves:
         plot_losses(curves, args.out / "loss_curves.png", note, levels)
+        plot_accuracy(curves, args.out / "accuracy_curves.png", note)
         plot_vs_baseline(curves, args.baseline, args.out / "loss_vs_baseline.png", note)
         plot_diagnostics(curves, args.out / "diagnostics.png", note)
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
@@ -246,6 +272,10 @@ def report(args, levels: Optional[dict]) -> int:
         plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held, levels)
     for run_dir in args.heads:
         notes.append(draw_heads(run_dir, args.out))
+    if args.heads_seed is not None:
+        notes += (["--heads-seed needs the run folders' records: not drawn from a CSV"]
+                  if args.from_csv is not None else heads_of_seed(args.heads_seed, curves,
+                                                                   args.out))
     text = markdown_report(read, runs, groups, skipped, notes, args.loss, args.baseline,
                            lr_runs, pairs, levels, plan)
     if levels:

@@ -21,8 +21,10 @@ from trainer.schema import OptimConfig, TrainerConfig, register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("scaling_ablation", "scaling_ablation_select")
+RECALL_PRESETS = ("recall_scaling", "recall_scaling_select")   # data=recall, tested below
 # each preset's seeds: the reported stage's, and the selection stage's, disjoint from them
-SEEDS = {"scaling_ablation": ["1", "2", "3"], "scaling_ablation_select": ["101"]}
+SEEDS = {"scaling_ablation": ["1", "2", "3"], "scaling_ablation_select": ["101"],
+         "recall_scaling": ["1", "2", "3", "4", "5"], "recall_scaling_select": ["101", "102"]}
 
 
 def compose_preset(name: str, overrides: tuple[str, ...] = ()):
@@ -56,7 +58,7 @@ def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
     assert not any("SCIENCE" in line for line in lines)
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS)
 def test_every_swept_value_builds_a_valid_config(name):
     """Each value of each swept key, composed into the preset and built into the dataclasses
     the run uses: a value the schema or a __post_init__ check refuses fails here, not an hour
@@ -146,3 +148,89 @@ def test_shrunken_preset_runs_end_to_end_and_reports(name, tmp_path):
         lr_rows = [r for r in table.split("## Learning rate")[1].splitlines()
                    if r.startswith("| scaling=none | 2 |")]   # the variant over its 2 LRs
         assert len(lr_rows) == 1, table
+
+
+# ---------------------------------------------------------------------------------------------
+# recall_scaling: the scales x head width x q, k init on data=recall, and its LR selection stage
+# ---------------------------------------------------------------------------------------------
+
+RECALL_SCALES = ["sqrt_dk", "none", "dk", "qk_norm", "uniform"]
+
+
+@pytest.mark.parametrize("name", RECALL_PRESETS)
+def test_recall_preset_is_a_multirun_of_its_seeds_on_the_recall_task(name):
+    cfg = compose_preset(name)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
+    assert sweep_values(cfg, "trainer.seed") == SEEDS[name]
+    assert cfg.data.source == "recall" and cfg.data.task == "copy"
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model) == (2, 2, 64)  # model=recall
+    assert sweep_values(cfg, "scaling") == RECALL_SCALES
+    assert cfg.optim.min_lr == 0.0 and cfg.trainer.on_nan == "stop"
+    lines = header(name)
+    assert (lines[1] + " ").startswith(f"# python train.py experiment={name} ")
+    assert any(line.startswith("# Wall time:") for line in lines)
+    assert any(line.startswith(f"# Report: python scripts/plot_runs.py multirun/{name}/<time> ")
+               for line in lines)
+
+
+def test_recall_scaling_sweeps_head_width_and_unit_variance_init():
+    cfg = compose_preset("recall_scaling")
+    assert sweep_values(cfg, "model.d_head") == ["16", "64", "256"]
+    stds = [float(v) for v in sweep_values(cfg, "model.qk_init_std")]
+    assert stds == [0.02, 1 / math.sqrt(cfg.model.d_model)]   # GPT-2's; unit-variance q, k
+    assert list(cfg.hydra.sweeper.params)[0] == "trainer.seed"   # seed-major
+    lines = header("recall_scaling")
+    assert "optim.lr=<its LR from stage 1>" in lines[2]   # no LR is given before stage 1 runs
+
+
+def test_recall_selection_stage_is_d_head_64_init_002_on_other_seeds_over_a_factor_2_grid():
+    select, report = compose_preset("recall_scaling_select"), compose_preset("recall_scaling")
+    assert not set(sweep_values(select, "trainer.seed")) & set(sweep_values(report,
+                                                                           "trainer.seed"))
+    assert sweep_values(select, "model.d_head") == ["64"]
+    assert sweep_values(select, "model.qk_init_std") == ["0.02"]
+    lrs = sorted(float(v) for v in sweep_values(select, "optim.lr"))
+    assert len(lrs) >= 5 and all(b / a <= 2 for a, b in zip(lrs, lrs[1:]))
+    assert lrs[0] < report.optim.lr < lrs[-1]   # data=recall's own LR inside the grid
+    assert select.model == report.model and select.optim == report.optim
+    assert select.trainer == report.trainer   # chosen at the reported horizon
+    assert sweep_values(select, "scaling") == RECALL_SCALES
+
+
+@pytest.mark.slow
+def test_shrunken_recall_stages_run_end_to_end_and_report(tmp_path):
+    """Stage 1 at two LRs and two seeds, stage 2 read at the LR stage 1 chose, 2 steps each;
+    the command-line overrides replace the presets' sweeps, as the headers' commands do."""
+    small = ["trainer.max_steps=2", "trainer.eval_every=1", "trainer.eval_iters=1",
+             "trainer.log_every=1", "trainer.ckpt_every=2", "trainer.device=cpu",
+             "optim.warmup_steps=1", "data.val_sequences=64"]
+    stage1, stage2 = tmp_path / "select", tmp_path / "report"
+    proc = run_cli(["experiment=recall_scaling_select", "scaling=none,sqrt_dk",
+                    "optim.lr=1e-3,3e-2", "model.d_head=8", f"hydra.sweep.dir={stage1}",
+                    *small])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list(stage1.glob("*/summary.json"))) == 2 * 2 * 2
+    proc = run_cli(["experiment=recall_scaling", "scaling=none", "optim.lr=1e-3,3e-2",
+                    "model.d_head=8,16", "trainer.seed=3", f"hydra.sweep.dir={stage2}", *small])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = list(stage2.glob("*/summary.json"))
+    assert len(runs) == 2 * 2 * 2   # LR x d_head x init
+    assert all("final_val_accuracy" in json.loads(r.read_text()) for r in runs)
+    out1, out2 = tmp_path / "out1", tmp_path / "out2"
+    for args in ([str(stage1), "--out", str(out1)],
+                 [str(stage2), "--out", str(out2), "--select-from", str(out1 / "runs.csv"),
+                  "--pair", "model.qk_init_std=0.02", "--heads-seed", "3"]):
+        report = subprocess.run([sys.executable, "scripts/plot_runs.py", *args], cwd=ROOT,
+                                capture_output=True, text=True, timeout=300)
+        assert report.returncode == 0, report.stderr[-2000:]
+    for out in (out1, out2):
+        text = (out / "results.md").read_text()
+        assert "## Recall accuracy" in text and "## Learning rate" in text
+        assert "no reference levels: data=recall generates its sequences" in text
+        assert "steps_to_90" in (out / "runs.csv").read_text().splitlines()[0]
+    text = (out2 / "results.md").read_text()
+    assert "chosen on the runs of" in text
+    assert "against `model.qk_init_std=0.02`" in text
+    assert (out2 / "accuracy_curves.png").stat().st_size > 0
+    assert len(list(out2.glob("heads_*.png"))) == 2 * 2   # d_head x init, at the chosen LR

@@ -18,6 +18,7 @@ import numpy as np
 from model.diagnostics import SATURATION_THRESHOLD
 from scripts.report import stats as st
 from scripts.report.runs import (
+    SOLVED_ACCURACY,
     eval_series,
     label,
     record_series,
@@ -215,6 +216,24 @@ def plot_losses(groups, path: Path, note: str, levels=None) -> None:
                     "val loss (nats)", f"Validation loss on the sampled batches{note};"
                     f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training", path,
                     zoom=True, levels=levels)
+
+
+def plot_accuracy(groups, path: Path, note: str) -> bool:
+    """Validation accuracy of the data=recall runs per setting, with the solved threshold and
+    the chance accuracy (1/data.num_values, when the runs agree on it) as labelled lines.
+    False (nothing drawn) when no run has accuracy."""
+    recall = {key: [r for r in runs if r.recall] for key, runs in groups.items()}
+    recall = {key: runs for key, runs in recall.items() if runs}
+    if not recall:
+        return False
+    lines = {"solved": SOLVED_ACCURACY}
+    chance = {r.chance_accuracy for runs in recall.values() for r in runs}
+    if len(chance) == 1 and None not in chance:
+        lines["chance"] = chance.pop()
+    small_multiples(recall, lambda r: eval_series(r, "val_accuracy", None), "val accuracy",
+                    f"Validation accuracy on the sampled batches{note}; solved: first"
+                    f" evaluation at >= {SOLVED_ACCURACY:g}", path, levels=lines)
+    return True
 
 
 def plot_vs_baseline(groups, baseline: str, path: Path, note: str) -> None:

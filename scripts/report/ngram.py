@@ -247,7 +247,8 @@ def data_overrides(run_dir: Path) -> list[str]:
 
 def levels_of_runs(run_dirs: list[Path]) -> tuple[dict[str, float] | None, str]:
     """The reference levels shared by the runs, or None and why not (no data config, several
-    data configs, or the cache could not be made: then the command that makes it)."""
+    data configs, generated data (data=recall), or the cache could not be made: then the
+    command that makes it)."""
     configs = {}
     for run_dir in run_dirs:
         if (run_dir / ".hydra" / "config.yaml").is_file():
@@ -259,6 +260,10 @@ def levels_of_runs(run_dirs: list[Path]) -> tuple[dict[str, float] | None, str]:
         return None, (f"no reference levels: the runs use {len(configs)} data configs; report"
                       " on the runs of one corpus at a time")
     cfg, run_dir = next(iter(configs.values()))
+    if cfg.source == "recall":
+        return None, ("no reference levels: data=recall generates its sequences (no corpus, no"
+                      " n-gram counts), so a run fails only by a non-finite loss or a final"
+                      " loss above its step-0 loss")
     try:
         return reference_levels(cfg), ""
     except (UserError, OSError) as e:

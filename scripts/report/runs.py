@@ -29,6 +29,9 @@ from trainer.run_dir import read_metrics
 LR_KEY = "optim.lr"
 SEED_KEY = "trainer.seed"
 VARIANT_KEY = "scaling"
+# data=recall: a run has solved the task at its first evaluation with val_accuracy at least
+# this (runs.csv's steps_to_90; docs/report.md, "Recall runs")
+SOLVED_ACCURACY = 0.9
 RUN_MARKERS = (".hydra/overrides.yaml", "metrics.jsonl", "summary.json", "run.json")
 
 
@@ -91,6 +94,28 @@ class Run:
         vocab = _lookup(self.info, ("model_config", "vocab_size"),
                         ("config", "model", "vocab_size"), ("vocab_size",))
         return math.log(vocab) if vocab else None
+
+    @property
+    def recall(self) -> bool:
+        """Whether the run scores accuracy (data=recall): val_accuracy in an eval record, or
+        final_val_accuracy in summary.json. Other data have no accuracy fields at all."""
+        return (any(e.get("val_accuracy") is not None for e in self.evals)
+                or self.summary_value("final_val_accuracy") is not None)
+
+    @property
+    def steps_to_90(self) -> Optional[int]:
+        """The first eval step whose val_accuracy is at least SOLVED_ACCURACY; None when no
+        evaluation got there (not solved, or not yet while the run is going)."""
+        steps = [int(e["step"]) for e in self.evals
+                 if _num(e.get("val_accuracy")) >= SOLVED_ACCURACY]
+        return min(steps) if steps else None
+
+    @property
+    def chance_accuracy(self) -> Optional[float]:
+        """1 / data.num_values, the accuracy of a guess (docs/data.md, "Recall task"); None
+        when run.json does not give it."""
+        values = self.setting("data.num_values")
+        return 1.0 / float(values) if values else None
 
     def setting(self, key: str) -> Optional[str]:
         """The value of a dotted config key: the override, else run.json's resolved config, so

@@ -10,17 +10,20 @@ Columns, in order:
   override the key); `null` is the default.
 - `final_val_loss_full`, `final_val_loss` (sampled), `init_val_loss` (the step-0 loss),
   `failed` (true/false, stats.failure under the report's loss and reference levels),
-  `final_val_accuracy` (a recall run's, else empty), `best_val_loss`, `diverged`, `finished`
-  (false while the run is going: no summary.json), `steps` (summary.json's), `tokens_per_sec`.
-- `first_eval_step`, `first_attn_*` and `last_eval_step`, `attn_*`: the attention statistics of
-  the first and the last eval record, combined over layers as the tables combine them (mean;
-  max for the max logits).
+  `final_val_accuracy` (a recall run's, else empty), `steps_to_90` (a recall run's first eval
+  step with val_accuracy >= 0.9; empty when it never got there, and for other data),
+  `best_val_loss`, `diverged`, `finished` (false while the run is going: no summary.json),
+  `steps` (summary.json's), `tokens_per_sec`.
+- `first_eval_step`, `first_attn_*` and `last_eval_step`, `last_val_accuracy` (a recall run's,
+  else empty), `attn_*`: the attention statistics of the first and the last eval record,
+  combined over layers as the tables combine them (mean; max for the max logits).
 - `ref_unigram`, `ref_bigram`, `ref_trigram`: the n-gram reference levels (nats/token) the
   failures were judged against, on every row; absent when the report had none.
 
 Numbers are written with Python's repr, which reads back to the same float, so the tables
 rebuilt from the CSV equal the tables of the sweep digit for digit. An empty cell is a missing
-value.
+value. `steps_to_90` and `last_val_accuracy` (OPTIONAL) may be absent from a runs.csv written
+before they existed; its runs then read as runs without accuracy.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ from scripts.report.runs import SEED_KEY, VARIANT_KEY, Run, is_seed_key
 from scripts.report.tables import DIAGNOSTICS, layer_value
 
 FINAL = ("final_val_loss_full", "final_val_loss", "init_val_loss", "failed",
-         "final_val_accuracy", "best_val_loss", "diverged", "finished", "steps",
+         "final_val_accuracy", "steps_to_90", "best_val_loss", "diverged", "finished", "steps",
          "tokens_per_sec")
 FIRST_COLUMN = FINAL[0]  # the swept keys are the columns between `run` and this one
 ATTN = tuple(name for name, _, _ in DIAGNOSTICS)
-EVALS = ("first_eval_step", *(f"first_{a}" for a in ATTN), "last_eval_step", *ATTN)
+EVALS = ("first_eval_step", *(f"first_{a}" for a in ATTN), "last_eval_step",
+         "last_val_accuracy", *ATTN)
+OPTIONAL = ("steps_to_90", "last_val_accuracy")  # columns a reader does not require
 REF_PREFIX = "ref_"
 
 
@@ -71,10 +76,13 @@ def row_of(run: Run, keys: list[str], which: str, levels: Optional[dict]) -> lis
     steps = run.summary_value("steps")
     final = [run.summary_value("final_val_loss_full"), run.final_val_loss_sampled,
              run.loss_at_init, st.failure(run, which, levels) is not None,
-             run.summary_value("final_val_accuracy"), run.best_val_loss, run.diverged,
-             not run.partial, None if steps is None else int(steps), run.tokens_per_sec]
+             run.summary_value("final_val_accuracy"), run.steps_to_90, run.best_val_loss,
+             run.diverged, not run.partial, None if steps is None else int(steps),
+             run.tokens_per_sec]
     first, last = run.evals[0], run.evals[-1]
-    evals = [first.get("step"), *diagnostics(first), last.get("step"), *diagnostics(last)]
+    accuracy = last.get("val_accuracy")
+    evals = [first.get("step"), *diagnostics(first), last.get("step"),
+             None if accuracy is None else float(accuracy), *diagnostics(last)]
     refs = list((levels or {}).values())
     return [str(run.path), *("null" if v is None else v for v in settings),
             *map(number, [*final, *evals, *refs])]
@@ -118,6 +126,10 @@ class CsvRun(Run):
     def loss_at_init(self) -> Optional[float]:
         return self.row["init_val_loss"]
 
+    @property
+    def steps_to_90(self) -> Optional[int]:
+        return self.row.get("steps_to_90")
+
 
 def parse(text: str, column: str, line: int, path: Path):
     """A cell as a bool, int, float or None (empty); a one-paragraph error otherwise."""
@@ -142,7 +154,8 @@ def read_runs_csv(path: Path) -> tuple[list[Run], Optional[dict]]:
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     header = rows[0] if rows else []
-    missing = [c for c in ("run", VARIANT_KEY, *FINAL, *EVALS) if c not in header]
+    missing = [c for c in ("run", VARIANT_KEY, *FINAL, *EVALS)
+               if c not in header and c not in OPTIONAL]
     if missing:
         raise UserError(f"{path} is not a runs.csv of scripts/plot_runs.py: it lacks the"
                         f" column(s) {', '.join(missing)}. Pass the runs.csv written beside a"
@@ -168,6 +181,8 @@ def csv_run(row: dict, keys: list[str], values: dict) -> CsvRun:
     overrides = {k: row[k] for k in keys if k != VARIANT_KEY}
     first = {"step": values["first_eval_step"]}
     last = {"step": values["last_eval_step"]}
+    if values.get("last_val_accuracy") is not None:   # a recall run: Run.recall reads it
+        last["val_accuracy"] = values["last_val_accuracy"]
     for name in ATTN:
         for record, column in ((first, f"first_{name}"), (last, name)):
             if values[column] is not None:

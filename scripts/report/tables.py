@@ -14,7 +14,15 @@ import math
 from typing import Optional
 
 from scripts.report import stats as st
-from scripts.report.runs import LR_KEY, VARIANT_KEY, Run, group_runs, label, setting_of
+from scripts.report.runs import (
+    LR_KEY,
+    SOLVED_ACCURACY,
+    VARIANT_KEY,
+    Run,
+    group_runs,
+    label,
+    setting_of,
+)
 
 DIAGNOSTICS = (  # eval-record field, column heading, how layers are combined
     ("attn_entropy", "entropy (nats)", "mean"),
@@ -60,8 +68,8 @@ def loss_cell(ok: list[Run], which: str) -> str:
     return "n/a (all failed)" if iv is None else cell_n(iv)
 
 
-def results_table(groups: dict[tuple, list[Run]], which: str, levels: Optional[dict]
-                  ) -> list[str]:
+def results_table(groups: dict[tuple, list[Run]], which: str, levels: Optional[dict],
+                  recall: bool = False) -> list[str]:
     name = st.LOSSES[which][1]
     extra = which != "sampled"
     head = f"| group | runs | {name} |" + (" sampled final val loss |" if extra else "")
@@ -76,15 +84,20 @@ def results_table(groups: dict[tuple, list[Run]], which: str, levels: Optional[d
             + f" {cell(st.mean_interval([r.best_val_loss for r in ok]))}"
             f" | {len(runs) - len(ok)} | {sum(r.partial for r in runs)}"
             f" | {cell(st.mean_interval(rates), 0)} | {steps_cell(runs)} |")
-    return lines + ["", failed_rule(which, levels)]
+    return lines + ["", failed_rule(which, levels, recall)]
 
 
-def failed_rule(which: str, levels: Optional[dict]) -> str:
-    """The sentence under a table that says what `failed` means and what the means are over."""
+def failed_rule(which: str, levels: Optional[dict], recall: bool = False) -> str:
+    """The sentence under a table that says what `failed` means and what the means are over.
+    recall: the runs are data=recall runs, generated sequences without n-gram levels."""
     field = st.LOSSES[which][0]
     if levels:
         rule = (f"`{field}` is above the unigram reference level"
                 f" ({levels['unigram']:.4f} nats/token) or above its own step-0 loss")
+    elif recall:
+        rule = (f"`{field}` is above its own step-0 loss (data=recall generates its"
+                " sequences: there is no corpus and no n-gram reference level, so the unigram"
+                " rule does not apply)")
     else:
         rule = (f"`{field}` is above its own step-0 loss (no reference levels were given,"
                 " so the unigram rule is not applied)")
@@ -96,6 +109,45 @@ def failed_runs(runs: list[Run], which: str, levels: Optional[dict]) -> list[str
     """One line per failed run: its folder and why."""
     why = [(r, st.failure(r, which, levels)) for r in runs]
     return [f"- {r.path}: {reason}" for r, reason in why if reason] or ["- none"]
+
+
+def recall_table(groups: dict[tuple, list[Run]], which: str) -> list[str]:
+    """Per group of data=recall runs: steps to SOLVED_ACCURACY over the runs that got there,
+    the finished runs that never did, final accuracy and loss over every finished run."""
+    threshold = f"{SOLVED_ACCURACY:g}"
+    name = st.LOSSES[which][1]
+    lines = [f"| group | runs | steps to {threshold} val accuracy | not solved | final val"
+             f" accuracy | {name} |", "|---|---:|---:|---:|---:|---:|"]
+    for key, runs in groups.items():
+        runs = [r for r in runs if r.recall]
+        if not runs:
+            continue
+        done = [r for r in runs if not r.partial]
+        steps = [r.steps_to_90 for r in runs if r.steps_to_90 is not None]
+        unsolved = sum(r.steps_to_90 is None for r in done)
+        waiting = sum(r.steps_to_90 is None for r in runs if r.partial)
+        accuracy = [r.summary_value("final_val_accuracy") for r in done]
+        losses = [st.final_loss(r, which) for r in done]
+        lines.append(
+            f"| {label(key)} | {len(runs)}"
+            f" | {cell_n(st.mean_interval(steps), 0) if steps else 'none got there'}"
+            f" | {unsolved}" + (f" (+{waiting} still running below it)" if waiting else "")
+            + f" | {recall_cell(accuracy)} | {recall_cell(losses)} |")
+    return lines + ["", f"`steps to {threshold} val accuracy`: the first evaluation at which"
+                    f" `val_accuracy` (the sampled validation batches) is at least {threshold}"
+                    " (runs.csv's `steps_to_90`), mean over the runs that got there (their n);"
+                    " `not solved`: finished runs that never got there. Final accuracy"
+                    " (`final_val_accuracy`, the whole validation set) and loss are over every"
+                    " finished run, failed runs included: on this task a run that does not"
+                    " learn is the outcome measured, not a broken run."]
+
+
+def recall_cell(values: list[Optional[float]]) -> str:
+    """Interval of a recall table's column, saying how many runs lack a finite value."""
+    iv = st.mean_interval(values)
+    lacking = sum(v is None or not math.isfinite(v) for v in values)
+    text = cell_n(iv) if iv is not None else "n/a"
+    return text + (f" ({lacking} without a finite value)" if lacking and iv is not None else "")
 
 
 def steps_cell(runs: list[Run]) -> str:
@@ -279,7 +331,10 @@ def markdown_report(read: str, runs, groups, skipped, notes, which: str, baselin
              " fail. Every number is the mean over seeds ± the half-width of its 95%"
              " Student-t interval, with n the number of seeds; `(n=1)` has no interval."
              " Sampled losses come from the fixed evaluation batches.", ""]
-    lines += results_table(groups, which, levels)
+    recall = any(r.recall for r in runs)
+    lines += results_table(groups, which, levels, recall)
+    if recall:
+        lines += ["", "## Recall accuracy", ""] + recall_table(groups, which)
     values = {key: st.by_seed([r for r in g if st.failure(r, which, levels) is None],
                               lambda r: st.final_loss(r, which)) for key, g in groups.items()}
     for ref in ((VARIANT_KEY, baseline), *pairs):
