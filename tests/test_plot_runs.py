@@ -590,3 +590,20 @@ def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp
     assert (out / "loss_curves.png").stat().st_size > 0
     # the LR figure draws the loss-vs-LR row only: its held-out row would be empty panels
     assert imread(out / "lr_transfer.png").shape[0] == round(3.8 * 120)
+
+
+def test_how_a_run_was_executed_is_not_a_setting(tmp_path, capsys):
+    """A sweep finished on one thread, or resumed, holds the same runs: trainer.threads and
+    trainer.resume in some runs' overrides neither split a group nor become a runs.csv column."""
+    sweep = tmp_path / "sweep"
+    for seed, extra in ((1, []), (2, ["trainer.threads=1"]), (3, ["trainer.resume=auto"])):
+        for scaling, full in (("sqrt_dk", 1.9), ("none", 1.8)):
+            make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}", *extra],
+                     [INIT, 2.5, full + 0.1], full=full + 0.01 * seed)
+    out = tmp_path / "out"
+    assert report_in_process(sweep, "--out", out) == 0
+    text = (out / "results.md").read_text()
+    assert table_row(text, "scaling=none")[1] == "3"   # one group of three runs per scale
+    assert "threads" not in text and "resume" not in text
+    header = (out / "runs.csv").read_text().splitlines()[0].split(",")
+    assert "trainer.threads" not in header and "trainer.resume" not in header

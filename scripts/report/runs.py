@@ -33,6 +33,9 @@ VARIANT_KEY = "scaling"
 # this (runs.csv's steps_to_90; docs/report.md, "Recall runs")
 SOLVED_ACCURACY = 0.9
 RUN_MARKERS = (".hydra/overrides.yaml", "metrics.jsonl", "summary.json", "run.json")
+# Overrides that say how a run was executed, not what it computes: never a setting to group by
+# (a sweep continued on one thread, or resumed, holds the same runs as one that was not).
+EXECUTION_KEYS = ("trainer.threads", "trainer.resume")
 
 
 @dataclass
@@ -184,14 +187,15 @@ def find_run_dirs(root: Path) -> list[Path]:
 
 def read_overrides(run_dir: Path, info: dict) -> dict:
     """.hydra/overrides.yaml (a YAML list of "key=value"), else run.json's "overrides", as a
-    dict; "+key" counts as "key"."""
+    dict; "+key" counts as "key". Hydra's own keys and EXECUTION_KEYS are left out."""
     f = run_dir / ".hydra" / "overrides.yaml"
     items = (yaml.safe_load(f.read_text()) or []) if f.exists() else info.get("overrides") or []
     out = {}
     for item in items:
         key, sep, value = str(item).partition("=")
         key = key.lstrip("+")
-        if sep and not key.startswith("~") and not key.startswith("hydra."):
+        if (sep and not key.startswith("~") and not key.startswith("hydra.")
+                and key not in EXECUTION_KEYS):
             out[key] = value
     return out
 
