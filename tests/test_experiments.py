@@ -4,6 +4,7 @@ tiny corpus) runs end to end and reports."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,8 +181,16 @@ def test_recall_scaling_sweeps_head_width_and_unit_variance_init():
     stds = [float(v) for v in sweep_values(cfg, "model.qk_init_std")]
     assert stds == [0.02, 1 / math.sqrt(cfg.model.d_model)]   # GPT-2's; unit-variance q, k
     assert list(cfg.hydra.sweeper.params)[0] == "trainer.seed"   # seed-major
-    lines = header("recall_scaling")
-    assert "optim.lr=<its LR from stage 1>" in lines[2]   # no LR is given before stage 1 runs
+    # the header's commands run each scale once, at the LR of stage 1's results.md
+    text = " ".join(line.lstrip("# ").rstrip("\\ ") for line in header("recall_scaling"))
+    pairs = re.findall(r"scaling=([a-z_,]+) optim\.lr=([0-9.e-]+)", text)
+    chosen = {scale: float(lr) for scales, lr in pairs for scale in scales.split(",")}
+    assert sum(len(scales.split(",")) for scales, _ in pairs) == len(RECALL_SCALES)
+    assert chosen == {"sqrt_dk": 6e-3, "none": 3e-3, "uniform": 3e-3, "dk": 1.2e-2,
+                      "qk_norm": 2.4e-2}
+    best = (ROOT / "docs" / "results" / "recall_scaling_select" / "results.md").read_text()
+    for scale, lr in chosen.items():
+        assert re.search(rf"^\| scaling={scale} \| \d+ \| {lr:g} \|", best, re.M), scale
 
 
 def test_recall_selection_stage_is_d_head_64_init_002_on_other_seeds_over_a_factor_2_grid():
