@@ -44,12 +44,18 @@ def header(name: str) -> list[str]:
     return (ROOT / "configs" / "experiment" / f"{name}.yaml").read_text().splitlines()
 
 
-@pytest.mark.parametrize("name", PRESETS)
-def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
+def multirun_of_its_seeds(name: str):
+    """The preset's composed config, checked to be a multirun of its seeds into its folder."""
     cfg = compose_preset(name)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
     assert sweep_values(cfg, "trainer.seed") == SEEDS[name]
+    return cfg
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
+    multirun_of_its_seeds(name)
     lines = header(name)
     assert lines[1] == f"# python train.py experiment={name}"
     assert lines[2] == f"# python train.py experiment={name} hydra/launcher=joblib"
@@ -160,10 +166,7 @@ RECALL_SCALES = ["sqrt_dk", "none", "dk", "qk_norm", "uniform"]
 
 @pytest.mark.parametrize("name", RECALL_PRESETS)
 def test_recall_preset_is_a_multirun_of_its_seeds_on_the_recall_task(name):
-    cfg = compose_preset(name)
-    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
-    assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
-    assert sweep_values(cfg, "trainer.seed") == SEEDS[name]
+    cfg = multirun_of_its_seeds(name)
     assert cfg.data.source == "recall" and cfg.data.task == "copy"
     assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model) == (2, 2, 64)  # model=recall
     assert sweep_values(cfg, "scaling") == RECALL_SCALES
