@@ -45,9 +45,9 @@ class DataConfig:
     verify: bool = False               # re-read the corpus and compare it with the cache
     # source=recall only (data/recall.py: generated sequences, docs/data.md "Recall task")
     task: str = "copy"                 # copy (induction copy) | mqar (associative recall)
-    seq_len: int = 40                  # tokens per sequence; model.block_size must equal it
-    copy_len: int = 8                  # copy: symbols repeated after the separator
-    num_values: int = 32               # copy: symbols; mqar: value ids
+    seq_len: int = 96                  # tokens per sequence; model.block_size must equal it
+    copy_len: int = 32                 # copy: symbols repeated after the separator
+    num_values: int = 128              # copy: symbols; mqar: value ids
     num_keys: int = 32                 # mqar: key ids
     num_kv_pairs: int = 8              # mqar: key-value pairs per sequence
     power_a: float = 0.01              # mqar: query positions p(g) ~ (g+1)^(power_a-1)

@@ -107,8 +107,8 @@ def test_accuracy_counts_a_hand_made_example():
 
 @pytest.mark.parametrize("kw, key", [
     ({"task": "induction"}, "data.task"),
-    ({"seq_len": 60}, "data.copy_len/seq_len"),           # segment of 52 > 32 symbols
-    ({"copy_len": 30}, "data.copy_len/seq_len"),          # copy longer than the segment
+    ({"seq_len": 200}, "data.copy_len/seq_len"),          # segment of 168 > 128 symbols
+    ({"copy_len": 50}, "data.copy_len/seq_len"),          # copy longer than the segment
     ({"val_sequences": 0}, "data.val_sequences"),
     ({"task": "mqar", "seq_len": 30}, "data.num_kv_pairs/seq_len"),   # 4 * 8 > 30
     ({"task": "mqar", "num_keys": 4}, "data.num_kv_pairs/seq_len"),
@@ -128,13 +128,13 @@ def test_recall_run_writes_accuracy(tmp_path):
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
-    assert "chance accuracy 1/32 = 0.0312" in proc.stdout
+    assert "chance accuracy 1/128 = 0.0078" in proc.stdout
     evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
              if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [0, 20, 40]
     assert all(0 <= r["val_accuracy"] <= 1 and r["val_bpb"] is None for r in evals)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["full_eval_targets"] == 100 * 8                # every validation answer
+    assert summary["full_eval_targets"] == 100 * 32               # every validation answer
     assert 0 <= summary["final_val_accuracy"] <= 1 and summary["final_val_bpb_full"] is None
     assert summary["final_val_loss_full"] == pytest.approx(evals[-1]["val_loss"], rel=0.1)
     bad = subprocess.run([sys.executable, "train.py", "data=recall", "model=tiny",
