@@ -43,6 +43,7 @@ SCRIPT = shown(Path(__file__))   # train.py as the printed resume commands run i
 def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
     """Train as `cfg` says, writing into run_dir (rank 0); the summary, or None when a resumed
     run is already finished. Raises UserError (before writing anything), Interrupted, Diverged."""
+    checkpoint.refuse_to_mix(cfg.trainer.resume, run_dir)   # before build: no process wrote yet
     run = build(cfg)
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)

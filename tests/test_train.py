@@ -215,6 +215,18 @@ def test_resume_from_a_checkpoint_path_into_a_new_run(tiny, tmp_path):
     assert [r["step"] for r in records(tmp_path / "b", "train")] == [9, 10]
 
 
+def test_a_new_run_in_a_folder_holding_a_run_is_refused_and_writes_nothing(tiny, tmp_path):
+    train.train(make_config([*tiny, "trainer.max_steps=2"]), tmp_path / "run")
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with pytest.raises(UserError, match="already holds a run .*trainer.resume=auto"):
+        train.train(make_config(tiny), tmp_path / "run")
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    # trainer.resume=auto without a checkpoint starts afresh, not after the leftover records
+    (tmp_path / "run" / "checkpoints" / "last.pt").unlink()
+    train.train(make_config([*tiny, "trainer.resume=auto"]), tmp_path / "run")
+    assert [r["step"] for r in records(tmp_path / "run", "eval")] == [0, 4, 8]
+
+
 def test_resume_with_another_model_shape_names_the_fields(tiny, tmp_path):
     train.train(make_config([*tiny, "trainer.max_steps=2"]), tmp_path / "run")
     bigger = [*tiny, "trainer.resume=auto", "model.n_layer=3", "model.d_model=48"]

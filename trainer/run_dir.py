@@ -110,7 +110,9 @@ class RunDir:
             kept = [json.dumps(r) + "\n" for r in read_metrics(metrics)
                     if r["step"] <= run.state.progress.step]
             atomic_write(metrics, lambda f: f.write("".join(kept).encode()))
-        self.metrics = open(metrics, "a", buffering=1)   # one flushed line per record
+        # a fresh start here (trainer.resume=auto found no checkpoint) replaces what a run that
+        # never saved one left; a resumed run appends
+        self.metrics = open(metrics, "a" if resumed_from else "w", buffering=1)
         begin_segment(path / "run.json", run, resumed_from, overrides)
         if run.data.tokenizer_path:   # a generated recall task has no tokenizer
             shutil.copyfile(run.data.tokenizer_path, path / "tokenizer.json")
