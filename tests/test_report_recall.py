@@ -149,11 +149,22 @@ def test_accuracy_curves_are_drawn_for_recall_runs_only(recall_sweep, tmp_path, 
         np.mean([RECALL["sqrt_dk"][s][0] for s in (1, 2, 3)], axis=0))
     marks = {round(line.get_ydata()[0], 4) for line in ax.lines if len(line.get_xdata()) == 2}
     assert marks == {0.9, round(1 / 32, 4)}
+    assert ax.get_ylim() == pytest.approx((-0.04, 1.04))   # an accuracy's range, not its band's
     lm = tmp_path / "lm"
     make_run(lm, ["scaling=dk", "trainer.seed=1"], [4.0, 2.0], full=2.0)
     assert report_in_process(lm, "--out", tmp_path / "lm_out") == 0
     assert not (tmp_path / "lm_out" / "accuracy_curves.png").exists()
     assert "## Recall accuracy" not in (tmp_path / "lm_out" / "results.md").read_text()
+
+
+def test_an_accuracy_band_is_clipped_to_0_1():
+    """Two seeds at 0.2 and 1.0: the t interval (+-5.1) would reach far outside [0, 1]."""
+    fig, ax = figures.plt.subplots()
+    agg = figures.aggregate([([0, 25], [0.0, 0.2]), ([0, 25], [0.0, 1.0])])
+    figures.draw(ax, agg, "sqrt_dk", "sqrt_dk", bounds=(0.0, 1.0))
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == 0.0 and band.max() == 1.0
+    figures.plt.close(fig)
 
 
 def test_recall_runs_have_no_reference_levels_and_say_which_failed_rule_applies(tmp_path):

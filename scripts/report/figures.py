@@ -69,8 +69,12 @@ def aggregate(series: list[tuple[list, list]], log: bool = False):
     return (steps, *(np.exp([mean, lo, hi]) if log else (mean, lo, hi)))
 
 
-def draw(ax, agg, variant: str, text: str) -> None:
+def draw(ax, agg, variant: str, text: str, bounds=None) -> None:
+    """A mean line and its band; `bounds` (low, high) clips the band to a quantity's range
+    (an accuracy's t interval over 2 seeds can reach far outside [0, 1])."""
     steps, mean, lo, hi = agg
+    if bounds is not None:
+        lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
     s = style(variant)
     ax.plot(steps, mean, label=text, **s)
     if np.isfinite(lo).any():
@@ -109,7 +113,8 @@ def panels(groups: dict) -> list[list[tuple[str, list]]]:
 
 
 def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
-                    zoom: bool = False, zero_line: bool = False, levels=None) -> None:
+                    zoom: bool = False, zero_line: bool = False, levels=None,
+                    bounds=None) -> None:
     grid = panels(groups)
     n_cols = max(len(row) for row in grid)
     fig, axes = plt.subplots(len(grid), n_cols, figsize=(max(3.6 * n_cols + 0.6, 8.0),
@@ -133,7 +138,7 @@ def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
                 agg = aggregate([series_of(r) for r in runs])
                 if agg is not None:
                     v = key[0][1]
-                    draw(ax, agg, v, f"{v} (n={len(runs)})" if mixed_n else v)
+                    draw(ax, agg, v, f"{v} (n={len(runs)})" if mixed_n else v, bounds)
             ax.set_title(title_ij, fontsize=9)
             ax.grid(alpha=0.3)
             if zero_line:
@@ -144,6 +149,9 @@ def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
                 ax.set_ylabel(ylabel)
     if zoom:
         zoom_losses(axes.flat[0], groups, series_of)
+    if bounds is not None:   # the axes are shared
+        pad = 0.04 * (bounds[1] - bounds[0])
+        axes.flat[0].set_ylim(bounds[0] - pad, bounds[1] + pad)
     for ax in axes.flat:
         if levels and ax.axison:
             reference_lines(ax, levels)
@@ -232,7 +240,8 @@ def plot_accuracy(groups, path: Path, note: str) -> bool:
         lines["chance"] = chance.pop()
     small_multiples(recall, lambda r: eval_series(r, "val_accuracy", None), "val accuracy",
                     f"Validation accuracy on the sampled batches{note}; solved: first"
-                    f" evaluation at >= {SOLVED_ACCURACY:g}", path, levels=lines)
+                    f" evaluation at >= {SOLVED_ACCURACY:g}; bands clipped to [0, 1]", path,
+                    levels=lines, bounds=(0.0, 1.0))
     return True
 
 
