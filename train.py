@@ -33,7 +33,7 @@ from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world
 from trainer.evaluate import describe, evaluate, evaluate_full, write_samples
 from trainer.launch import Diverged, Interrupted, StopSignal, shown
 from trainer.loggers import LoggerConfig, require
-from trainer.run_dir import RunDir, remove_if_unstarted, summarize
+from trainer.run_dir import RunDir, refuse_to_mix, remove_if_unstarted, summarize
 from trainer.schema import TrainerConfig, check_group_overrides, register_configs
 from trainer.step import train_step
 
@@ -43,7 +43,7 @@ SCRIPT = shown(Path(__file__))   # train.py as the printed resume commands run i
 def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
     """Train as `cfg` says, writing into run_dir (rank 0); the summary, or None when a resumed
     run is already finished. Raises UserError (before writing anything), Interrupted, Diverged."""
-    checkpoint.refuse_to_mix(cfg.trainer.resume, run_dir)   # before build: no process wrote yet
+    refuse_to_mix(cfg.trainer.resume, run_dir)   # before build: no process wrote yet
     run = build(cfg)
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)

@@ -53,6 +53,21 @@ def write_json(path: Path, obj: dict) -> None:
     atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
 
 
+RUN_FILES = ("metrics.jsonl", "summary.json", "run.json", "checkpoints/last.pt")
+
+
+def refuse_to_mix(resume: Optional[str], run_dir: Path) -> None:
+    """A new run (trainer.resume unset) does not start in a folder that holds another run's
+    files: its records would be appended to that run's and its checkpoints would replace them."""
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if resume is None and found:
+        raise UserError(f"The run folder {run_dir} already holds a run ({', '.join(found)}), "
+                        "and a new run there would mix its records with that run's and "
+                        "overwrite its checkpoints. Continue that run with trainer.resume=auto, "
+                        "or give the new run its own folder (hydra.run.dir=<new folder>; for a "
+                        "sweep, a new hydra.sweep.dir).")
+
+
 def remove_if_unstarted(run_dir: Path) -> None:
     """Delete a run directory that holds only Hydra's .hydra/ (the run failed to start)."""
     if run_dir.resolve() != Path.cwd().resolve() and run_dir.is_dir() and set(
