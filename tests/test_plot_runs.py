@@ -295,6 +295,16 @@ def test_lr_curves_show_each_scale_at_its_chosen_lr_on_the_held_out_seeds(lr_swe
     assert all([r.seed for r in h["runs"]] == ["3"] for h in held.values())
 
 
+def test_lr_figure_loss_bars_stop_at_0():
+    """Losses 0.001 and 1.0 of two seeds: the t interval (+-6.3) runs far below 0, which a loss
+    cannot; the upper bar keeps the interval's half-width, one seed draws no bar."""
+    from scripts.report.lr_figure import nonnegative_bars
+    wide, tight = st.mean_interval([0.001, 1.0]), st.mean_interval([2.0, 2.2])
+    (lower, upper) = nonnegative_bars([wide, tight, st.mean_interval([0.5])])
+    assert lower == pytest.approx([wide.mean, tight.half, 0.0])
+    assert upper == pytest.approx([wide.half, tight.half, 0.0]) and wide.half > wide.mean
+
+
 def test_seeds_note_states_n_truthfully():
     assert figures.seeds_note({"a": [1]}) == "one seed per line (no interval)"
     assert figures.seeds_note({"a": [1, 2, 3]}).startswith("mean of n=3 seeds")

@@ -62,7 +62,7 @@ def plot_lr(lr_runs, which: str, path: Path, held: dict, levels=None) -> None:
                                    "sensitivity need seeds held out from the choice")
     suptitle(fig, "Learning rate x setting: points = mean of n="
              f"{ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds, bars = 95% t"
-             f" interval (x: a seed diverged){one_seed}")
+             f" interval, cut at 0 (x: a seed diverged){one_seed}")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -72,12 +72,18 @@ def dodge(variant: str) -> float:
     return 1.07 ** (variant_rank(variant) - 2.5)
 
 
+def nonnegative_bars(ivs) -> list[list[float]]:
+    """errorbar's yerr for 95% intervals of a quantity that cannot be negative (a loss, an LR
+    sensitivity): the lower bar stops at 0, where a t interval of two seeds can run below it."""
+    return [[min(iv.half or 0.0, iv.mean) for iv in ivs], [iv.half or 0.0 for iv in ivs]]
+
+
 def lr_curve(ax, variant: str, table: dict, runs) -> None:
     lrs = [lr for lr in table if st.mean_interval(list(table[lr].values()))]
     ivs = [st.mean_interval(list(table[lr].values())) for lr in lrs]
     s = style(variant)
     xs = [lr * dodge(variant) for lr in lrs]
-    ax.errorbar(xs, [iv.mean for iv in ivs], yerr=[iv.half or 0.0 for iv in ivs],
+    ax.errorbar(xs, [iv.mean for iv in ivs], yerr=nonnegative_bars(ivs),
                 label=variant, capsize=2, **{k: v for k, v in s.items() if k != "markevery"})
     div = [i for i, lr in enumerate(lrs) if any(r.diverged for r in runs if r.lr == lr)]
     ax.plot([xs[i] for i in div], [ivs[i].mean for i in div], "x", ms=9, color=s["color"])
@@ -96,11 +102,11 @@ def summary_panels(axes, tables: dict, settings: list[tuple], held: dict) -> Non
         axes[0].errorbar([x], [best["lr"]], yerr=[[best["lr"] - min(span)],
                          [max(span) - best["lr"]]], capsize=3, color=s["color"],
                          marker=s["marker"])
-        axes[1].errorbar([x], [loss.mean], yerr=[loss.half or 0.0], capsize=3,
+        axes[1].errorbar([x], [loss.mean], yerr=nonnegative_bars([loss]), capsize=3,
                          color=s["color"], marker=s["marker"])
         sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
         if sens is not None:
-            axes[2].errorbar([x], [sens.mean], yerr=[sens.half or 0.0], capsize=3,
+            axes[2].errorbar([x], [sens.mean], yerr=nonnegative_bars([sens]), capsize=3,
                              color=s["color"], marker=s["marker"])
     join_points(axes, tables, settings, xs, numeric, held)
     titles = ("best LR (bar: LRs not resolved from it)",
