@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -268,6 +269,18 @@ def submitit_tasks(sweep: Path) -> list[int]:
     return pids
 
 
+def writer_of(path: Path, pids: list[int]) -> Optional[int]:
+    """The process among pids that holds `path` open (its /proc/PID/fd links), if any."""
+    target = str(path.resolve())
+    for pid in pids:
+        try:
+            if any(os.readlink(fd) == target for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return pid
+        except OSError:   # the process ended, or a descriptor closed while being read
+            continue
+    return None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the job processes in /proc")
 def test_submitit_requeue_signal_resumes_bit_identically(tiny, tmp_path):  # noqa: F811
@@ -282,11 +295,17 @@ def test_submitit_requeue_signal_resumes_bit_identically(tiny, tmp_path):  # noq
          "hydra/launcher=submitit_local", "hydra.sweep.subdir=${hydra.job.num}",
          f"hydra.sweep.dir={sweep}"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE)
-    wait_for(lambda: all(trained(sweep / str(n)) for n in (0, 1)), "both jobs training")
-    tasks = submitit_tasks(sweep)
-    assert len(tasks) == 2
-    for pid in tasks:
-        os.kill(pid, signal.SIGUSR2)
+    signalled = set()
+
+    def signal_jobs_that_train() -> bool:   # each job as soon as it trains: one may start late
+        for n in {0, 1} - signalled:
+            pid = writer_of(sweep / str(n) / "metrics.jsonl", submitit_tasks(sweep))
+            if trained(sweep / str(n)) and pid is not None:
+                os.kill(pid, signal.SIGUSR2)
+                signalled.add(n)
+        return len(signalled) == 2
+
+    wait_for(signal_jobs_that_train, "both jobs training")
     _, stderr = proc.communicate(timeout=400)
     assert proc.returncode == 0, stderr
     for n, seed in enumerate((1, 2)):
