@@ -299,8 +299,12 @@ def test_submitit_requeue_signal_resumes_bit_identically(tiny, tmp_path):  # noq
 
     def signal_jobs_that_train() -> bool:   # each job as soon as it trains: one may start late
         for n in {0, 1} - signalled:
-            pid = writer_of(sweep / str(n) / "metrics.jsonl", submitit_tasks(sweep))
-            if trained(sweep / str(n)) and pid is not None:
+            if not trained(sweep / str(n)):
+                continue
+            tasks = submitit_tasks(sweep)
+            assert len(tasks) == 2
+            pid = writer_of(sweep / str(n) / "metrics.jsonl", tasks)
+            if pid is not None:
                 os.kill(pid, signal.SIGUSR2)
                 signalled.add(n)
         return len(signalled) == 2
