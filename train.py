@@ -1,6 +1,6 @@
 """Train a decoder-only GPT whose attention score scale is a config switch.
 
-    python train.py                                        # tiny model, Tiny Shakespeare, CPU
+    python train.py                                        # tiny model, Shakespeare's works, CPU
     python train.py scaling=none model=small               # pick any option of any group
     python train.py -m scaling=sqrt_dk,none trainer.seed=1,2      # a sweep under multirun/
     python train.py trainer.resume=auto hydra.run.dir=outputs/DAY/TIME   # continue that run
@@ -8,10 +8,12 @@
 
 `train` is the loop: one `train_step` (trainer/step.py) per iteration, and at check steps one
 collective and host sync, then logging, evaluation and checkpoints as `if step % k == 0` lines.
-What it calls is in trainer/; docs/training.md describes the configuration, the run directory
-and the resume rules. Exit codes: 0 done (a diverged run with trainer.on_nan=stop included),
-2 bad config, data or checkpoint, 3 diverged with trainer.on_nan=raise, 128+signal when
-stopped by SIGINT/SIGTERM (a checkpoint to resume from is written first).
+What it calls is in trainer/ (the core); a job of a sweep adds the infrastructure of
+trainer/launch.py, loaded in `hydra_main` only then. docs/training.md describes the
+configuration, the run directory and the resume rules. Exit codes: 0 done (a diverged run with
+trainer.on_nan=stop included), 2 bad config, data or checkpoint, 3 diverged with
+trainer.on_nan=raise, 128+signal when stopped by SIGINT/SIGTERM (a checkpoint to resume from is
+written first).
 """
 
 import os
@@ -24,37 +26,44 @@ from typing import Optional
 import hydra
 import torch
 import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from model.errors import ConfigError, UserError
-from trainer import checkpoint, launch
+from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world_size
 from trainer.evaluate import describe, evaluate, evaluate_full, write_samples
-from trainer.launch import Diverged, Interrupted, StopSignal, shown
-from trainer.loggers import LoggerConfig, require
+from trainer.files import display_path
+from trainer.job import Diverged, Interrupted, Job, StopSignal
 from trainer.run_dir import RunDir, refuse_to_mix, remove_if_unstarted, summarize
-from trainer.schema import TrainerConfig, check_group_overrides, register_configs
+from trainer.schema import LoggerConfig, TrainerConfig, register_configs
 from trainer.step import train_step
 
-SCRIPT = shown(Path(__file__))   # train.py as the printed resume commands run it
+SCRIPT = display_path(Path(__file__))   # train.py as the printed resume commands run it
 
 
-def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
+def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional[dict]:
     """Train as `cfg` says, writing into run_dir (rank 0); the summary, or None when a resumed
-    run is already finished. Raises UserError (before writing anything), Interrupted, Diverged."""
+    run is already finished. `job`: how this run was started (a single run by default).
+    Raises UserError (before writing anything), Interrupted, Diverged."""
+    job = job or Job()
     refuse_to_mix(cfg.trainer.resume, run_dir)   # before build: no process wrote yet
-    run = build(cfg)
+    run = build(cfg, job.jobs_at_once())
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)
-    resumed_from = checkpoint.resume_path(train_cfg.resume, run_dir)
-    if resumed_from is not None:
-        checkpoint.restore(run, resumed_from)
-        if checkpoint.finished(state.progress.step, train_cfg.max_steps, run_dir, compute.rank):
-            return None
-    else:
+    resumed_from = None
+    if train_cfg.resume is not None:   # the resume rules load only when trainer.resume is set
+        from trainer import resume
+        resumed_from = resume.resume_path(train_cfg.resume, run_dir)
+        if resumed_from is not None:
+            resume.restore(run, resumed_from)
+            if resume.finished(state.progress.step, train_cfg.max_steps, run_dir, compute.rank):
+                return None
+    if resumed_from is None:
         torch.manual_seed(train_cfg.seed + compute.rank)   # dropout masks differ across processes
-    out = RunDir(run, run_dir, resumed_from, launch.overrides())
+    out = RunDir(run, run_dir, resumed_from, job.overrides)
     step = state.progress.step
     clock = Clock(step, run.config.tokens_per_step, state.progress.wall_s)
     if step == 0:
@@ -63,7 +72,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
     nonfinite = torch.zeros((), device=compute.device)   # non-finite losses, summed on device
     bar = tqdm(total=train_cfg.max_steps, initial=step, dynamic_ncols=True,
                disable=not (out.writes and sys.stderr.isatty()))   # rank 0's terminal only
-    with out, StopSignal() as stop, bar:
+    with out, StopSignal(job.stop_signals(), job.stopped_before_loop()) as stop, bar:
         while step < train_cfg.max_steps:
             step += 1
             check = is_check_step(step, train_cfg) or (compute.world == 1 and stop.signum > 0)
@@ -74,7 +83,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
             bar.update(1)
             if not check:   # host-device syncs only at check steps
                 continue
-            loss, diverged, stop_asked = agree(loss, nonfinite, stop.signum, compute.device)
+            loss, diverged, stop_asked = check_all(loss, nonfinite, stop.signum, compute.device)
             tokens_per_sec = clock.lap(step)
             if diverged:
                 out.say(f"step {step}: non-finite training loss; stopping "
@@ -102,8 +111,8 @@ def is_check_step(step: int, train_cfg: TrainerConfig) -> bool:
         for every in (train_cfg.log_every, train_cfg.eval_every, train_cfg.ckpt_every))
 
 
-def agree(loss: torch.Tensor, nonfinite: torch.Tensor, signum: int,
-          device: torch.device) -> tuple[float, bool, bool]:
+def check_all(loss: torch.Tensor, nonfinite: torch.Tensor, signum: int,
+              device: torch.device) -> tuple[float, bool, bool]:
     """One collective and one host sync: the step's loss (the sum of the processes' shares),
     whether any process saw a non-finite loss or was signalled to stop (all stop together)."""
     asked = torch.tensor(float(signum > 0), device=device)
@@ -113,11 +122,12 @@ def agree(loss: torch.Tensor, nonfinite: torch.Tensor, signum: int,
 
 def evaluate_and_log(run: Run, out: RunDir, step: int, lr: float,
                      tokens_per_sec: Optional[float]) -> None:
-    """Evaluate, log the record and print it; save best.pt when the validation loss improved."""
-    record, improved = evaluate(run, step, lr, tokens_per_sec)
+    """Evaluate, log the record and print it, update the progress; save best.pt when the
+    validation loss improved."""
+    record = evaluate(run, step, lr, tokens_per_sec)
     out.log(record)
     out.say(describe(record))
-    if improved:
+    if run.state.progress.add_eval(step, record["val_loss"]):
         checkpoint.save(run, out.best, full=False)
 
 
@@ -169,9 +179,15 @@ class Clock:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    launch.export_submitit_ranks()   # a submitit job of several tasks: torchrun's variables
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    overrides, hydra_overrides = list(hc.overrides.task), list(hc.overrides.hydra)
+    if hc.mode == RunMode.MULTIRUN:   # a sweep's job: the infrastructure layer, only here
+        from trainer.launch import SweepJob
+        job = SweepJob(overrides, hydra_overrides)
+        job.export_ranks()   # a submitit job of several tasks: torchrun's variables
+    else:
+        job = Job(overrides, hydra_overrides)
     if "RANK" in os.environ and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() and
                                 cfg.trainer.device != "cpu" else "gloo")
@@ -181,28 +197,29 @@ def hydra_main(cfg: DictConfig) -> None:
     rank, world = process_rank(), world_size()
     together = False   # every process got here the same way: they leave at one barrier
     try:
-        # a missing logger package fails here, on every process, before any data is prepared
-        require(LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True)))
-        launch.skip_if_sweep_stopped(run_dir)
-        summary = train(cfg, run_dir)
+        logger_cfg = LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True))
+        if logger_cfg.name != "none":   # a missing package fails here, before any data work
+            from trainer.loggers import require
+            require(logger_cfg)
+        job.skip_if_stopped(run_dir)
+        summary = train(cfg, run_dir, job)
         together = True
     except UserError as err:
         if rank == 0:
             remove_if_unstarted(run_dir)
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        launch.end_job(2, run_dir)
+        job.end(2, run_dir)
     except Interrupted as err:
         together = True   # the stop is all-reduced: every process stopped after the same step
         if rank == 0:
-            how = "".join(f"\nResume {what} with:\n  {command}" for what, command in
-                          launch.resume_commands(run_dir, world, SCRIPT,
-                                                 launch.launcher_name() == "basic"))
+            how = "".join(f"\nResume {what} with:\n  {command}"
+                          for what, command in job.resume_commands(run_dir, world, SCRIPT))
             print(f"{err}; checkpoint {err.checkpoint}.{how}", file=sys.stderr)
-        launch.requeue_if_preempted(err.signum, cfg.trainer.resume)
-        launch.end_job(128 + err.signum, run_dir)
+        job.after_stop(err.signum, cfg.trainer.resume)
+        job.end(128 + err.signum, run_dir)
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
-        launch.end_job(3, run_dir)
+        job.end(3, run_dir)
     finally:
         if dist.is_initialized():
             if together:
@@ -220,16 +237,19 @@ def hydra_main(cfg: DictConfig) -> None:
           f"(final {summary['final_val_loss']:.4f}; {summary['steps']} steps, "
           f"{summary['wall_s']:.0f} s)" if not summary["diverged"] else
           f"diverged at step {summary['steps']} (non-finite loss)")
-    print(f"run dir: {shown(run_dir)}")
+    print(f"run dir: {display_path(run_dir)}")
 
 
 def main() -> None:
     register_configs()
-    try:
-        check_group_overrides([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    overrides = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
+    if overrides:
+        from trainer.overrides import check_group_overrides
+        try:
+            check_group_overrides(overrides)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
     if int(os.environ.get("RANK", "0")) > 0:
         # Only rank 0 owns a run directory: the other processes' Hydra must not make one.
         sys.argv = [a for a in sys.argv if not a.startswith(("hydra.run.dir=",
@@ -238,11 +258,11 @@ def main() -> None:
     try:
         hydra_main()
     finally:
-        stopped = launch.stopped_sweep()   # a parallel sweep stopped by a signal
-        if stopped is not None:
-            print(f"Resume {launch.WHOLE_SWEEP} with:\n  {launch.sweep_command(stopped, SCRIPT)}",
-                  file=sys.stderr)
-            sys.exit(128 + launch.sweep_stopped(stopped))
+        # A parallel sweep's launcher configs load the infrastructure (their callback); if it
+        # stopped the sweep on a signal, it prints how to resume it and sets the exit code.
+        launch = sys.modules.get("trainer.launch")
+        if launch is not None:
+            launch.exit_if_stopped(SCRIPT)
 
 
 if __name__ == "__main__":

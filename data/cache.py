@@ -1,7 +1,7 @@
 """The token cache on disk (built by data/prepare.py; docs/data.md "The token cache"):
 
     <cache_root>/tokens/<name>-<tokenizer>[<vocab>]-<key[:16]>/
-        tokenizer.json                 the tokenizer (train.py copies it into each run directory)
+        tokenizer.json                 the tokenizer (trainer/run_dir.py copies it into runs)
         train-00000.bin, val-00000.bin, ...    uint16/uint32 ids, documents joined by EOT
         train_docs.bin, val_docs.bin   int64 start offset of each document in its split
         meta.json                      counts, shard sizes, content sha256 (written last)

@@ -43,7 +43,8 @@ class DataConfig:
     shard_tokens: int = 500_000_000    # tokens per shard file (1 GB at uint16)
     bpe_sample_mb: int = 32            # bpe: MB of the training split the tokenizer learns from
     verify: bool = False               # re-read the corpus and compare it with the cache
-    # source=recall only (data/recall.py: generated sequences, docs/data.md "Recall task")
+    # source=recall only (data/recall.py: generated sequences, docs/data.md "Recall task"),
+    # checked there when the task is built
     task: str = "copy"                 # copy (induction copy) | mqar (associative recall)
     seq_len: int = 96                  # tokens per sequence; model.block_size must equal it
     copy_len: int = 32                 # copy: symbols repeated after the separator
@@ -71,8 +72,6 @@ class DataConfig:
             raise bad("vocab_size", self.vocab_size, f"byte-level BPE needs at least "
                       f"{MIN_BPE_VOCAB} ids (256 bytes + pad + end-of-text) and at most "
                       f"{MAX_VOCAB} (the uint32 token file limit).")
-        if self.source == "recall":
-            self._check_recall()
         if self.source == "hub" and not self.hub_id:
             raise bad("hub_id", self.hub_id, "the hub source needs a dataset id such as "
                       "'Salesforce/wikitext' or a local folder laid out like a hub dataset.")
@@ -85,28 +84,3 @@ class DataConfig:
         if not 0.0 < self.val_fraction < 1.0:
             raise bad("val_fraction", self.val_fraction, "use a fraction strictly between 0 "
                       "and 1 (used by the text source when val_files is not given).")
-
-    def _check_recall(self) -> None:
-        if self.task not in ("copy", "mqar"):
-            raise bad("task", self.task, "choose one of copy, mqar (copy: induction copy, the "
-                      "default; mqar: associative recall).")
-        for key in ("num_values", "num_keys", "num_kv_pairs", "seq_len", "copy_len",
-                    "val_sequences"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise bad(key, getattr(self, key), "use a positive integer.")
-        seg_len = self.seq_len - self.copy_len
-        if self.task == "copy" and not self.copy_len <= seg_len <= self.num_values:
-            raise bad("copy_len/seq_len", (self.copy_len, self.seq_len), "the copy task "
-                      "repeats the first copy_len symbols of a segment of seq_len - copy_len "
-                      "distinct symbols, so it needs copy_len <= seq_len - copy_len <= "
-                      f"data.num_values={self.num_values}; lower copy_len or seq_len, or raise "
-                      "num_values.")
-        if self.task == "mqar" and (self.seq_len % 2 or 4 * self.num_kv_pairs > self.seq_len or
-                                   self.num_kv_pairs > min(self.num_keys, self.num_values)):
-            raise bad("num_kv_pairs/seq_len", (self.num_kv_pairs, self.seq_len), "mqar needs "
-                      "an even seq_len with 4 * num_kv_pairs <= seq_len (pairs, then query "
-                      "slots with filler between) and num_kv_pairs <= num_keys and <= "
-                      "num_values (distinct keys and values).")
-        if self.task == "mqar" and not 0 < self.power_a <= 1:
-            raise bad("power_a", self.power_a, "use a number in (0, 1] (Zoology's 0.01 puts "
-                      "most queries early; 1 spreads them evenly).")

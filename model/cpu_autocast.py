@@ -1,7 +1,7 @@
 """A speed route for CPU autocast: MultiHeadAttention with its SDPA step run in float32.
 
 torch's CPU SDPA kernels are slow in bf16, the backward most of all: the default step under bf16
-autocast on an AVX512-BF16 CPU runs ~30% faster with attention in float32 (docs/benchmarks.md).
+autocast on an AVX512-BF16 CPU runs 1.43x faster with attention in float32 (docs/benchmarks.md).
 model/attention.py never imports this subclass; trainer/build.py builds it for
 model.attn_impl=auto under CPU autocast; tests/test_attention.py holds it equal to the explicit
 path."""

@@ -2,23 +2,22 @@
 GPT.attention_stats), in float32 from detached tensors whatever the caller's autocast dtype,
 and q/k gradient norms. Dimension letters: B batch, T time, H heads, D head width (d_head)."""
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from model.attention import Mask
-
-SATURATION_THRESHOLD = 0.99  # a row is "saturated" when its largest weight exceeds this
+from model.config import SATURATION_THRESHOLD
 
 
-def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor, mask: Optional["Mask"],
+def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
+                    allowed: Optional[tuple[Tensor, Tensor]],
                     valid_mask: Optional[Tensor]) -> dict[str, Tensor]:
     """Per-head statistics, each (H,) float32, of q, k (B, H, T, D) after qk_norm and the
-    explicit path's logits and weights (B, H, T, T). Real rows: real tokens with an allowed key;
-    entries: their allowed keys. Raw scores q.k come before the scale and soft-cap, so scales
+    explicit path's logits and weights (B, H, T, T). `allowed`: the mask's (allowed (B|1, H|1,
+    T, T), row_ok (B|1, H|1, T, 1)), None without a mask. Real rows: real tokens with an allowed
+    key; entries: their allowed keys. Raw scores q.k come before the scale and soft-cap, so scales
     compare: unit-variance q, k give Var(q.k) = d_head, raw_var 1 (docs/scaling.md).
         entropy        mean over real rows of -sum_j w_j log w_j (nats)
         saturated      fraction of real rows whose largest weight exceeds SATURATION_THRESHOLD
@@ -28,11 +27,11 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor, mask:
     """
     B, H, T, D = q.shape
     rows = torch.ones(B, H, T, 1, dtype=torch.bool, device=q.device)  # (B, H, T, 1)
-    if mask is not None:
-        rows = rows & mask.row_ok
+    if allowed is not None:
+        rows = rows & allowed[1]
     if valid_mask is not None:
         rows = rows & valid_mask[:, None, :, None]
-    entries = rows.expand(B, H, T, T) if mask is None else rows & mask.allowed  # (B, H, T, T)
+    entries = rows.expand(B, H, T, T) if allowed is None else rows & allowed[0]  # (B, H, T, T)
     n_rows = rows.sum(dim=(0, 2, 3)).clamp(min=1)  # (H,)
     n_entries = entries.sum(dim=(0, 2, 3)).clamp(min=1)  # (H,)
     w = weights.detach().float()

@@ -7,7 +7,6 @@ LayerNorm and an LM head tied to the token embeddings; GPT-2 initialisation (Rad
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -15,10 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.attention import MultiHeadAttention, ScalingConfig, check_attn_impl
-from model.errors import ConfigError, check_dropout, check_positive_int, is_positive_number
-
-IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
+from model.attention import MultiHeadAttention
+from model.config import IGNORE_INDEX, GPTConfig
+from model.errors import ConfigError
 
 
 @contextmanager
@@ -29,51 +27,6 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         yield model.eval()
     finally:
         model.train(was_training)
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Model shape and options; field names are the `model.<field>` Hydra keys."""
-
-    vocab_size: int
-    block_size: int = 64
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    d_head: Optional[int] = None  # None -> d_model // n_head (must divide)
-    dropout: float = 0.0
-    bias: bool = True
-    attn_impl: str = "auto"  # auto | explicit | sdpa
-    # Initial std of the q and k projection weights; null keeps GPT-2's 0.02. A q, k component
-    # has variance d_model * std^2 at step 0, so 1/sqrt(d_model) gives the unit-variance q and k
-    # that s = 1/sqrt(d_head) assumes (docs/scaling.md); 0.02 gives d_model * 0.0004.
-    qk_init_std: Optional[float] = None
-    scaling: ScalingConfig = field(default_factory=ScalingConfig)
-
-    def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
-            check_positive_int(f"model.{name}", getattr(self, name))
-        if self.d_head is not None:
-            check_positive_int("model.d_head", self.d_head)
-        elif self.d_model % self.n_head != 0:
-            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_head="
-                              f"{self.n_head}; set model.d_head explicitly or change "
-                              "model.n_head (or model.d_model).")
-        check_dropout("model.dropout", self.dropout)
-        if not isinstance(self.scaling, ScalingConfig):
-            raise ConfigError(f"model.scaling must be a ScalingConfig, got "
-                              f"{type(self.scaling).__name__}; build it with "
-                              "ScalingConfig(**cfg) before GPTConfig.")
-        check_attn_impl(self.attn_impl, self.scaling)
-        if self.qk_init_std is not None and not is_positive_number(self.qk_init_std):
-            raise ConfigError(f"model.qk_init_std={self.qk_init_std!r} must be null (GPT-2's "
-                              "0.02, the default) or a positive finite number, e.g. "
-                              "1/sqrt(model.d_model) for unit-variance q and k at initialisation.")
-
-    @property
-    def head_dim(self) -> int:
-        """The resolved per-head width d_head."""
-        return self.d_head if self.d_head is not None else self.d_model // self.n_head
 
 
 class MLP(nn.Module):
@@ -95,8 +48,7 @@ class Block(nn.Module):
         super().__init__()
         C = config.d_model
         self.ln_1 = nn.LayerNorm(C, bias=config.bias)
-        self.attn = attention(C, config.n_head, config.head_dim, config.scaling,
-                              dropout=config.dropout, bias=config.bias, attn_impl=config.attn_impl)
+        self.attn = attention(config)
         self.ln_2 = nn.LayerNorm(C, bias=config.bias)
         self.mlp = MLP(C, config.bias)
         self.drop = nn.Dropout(config.dropout)
@@ -133,7 +85,7 @@ class GPT(nn.Module):
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
         if config.qk_init_std is not None:  # q and k rows [0, 2HD) of each fused qkv weight
             for block in self.blocks:
-                HD = config.n_head * config.head_dim
+                HD = config.n_head * config.d_head
                 nn.init.normal_(block.attn.qkv.weight[:2 * HD], mean=0.0, std=config.qk_init_std)
 
     @property
@@ -226,13 +178,3 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         """Number of parameters (the tied token embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-    def flops_per_token(self, seq_len: Optional[int] = None) -> float:
-        """Training FLOPs per token, PaLM appendix B style: 6 N + 12 L H D T. N is the weights
-        of every matmul (projections, MLP, the tied LM head; no embeddings, norms or biases),
-        6 = 2 (multiply-add) x 3 (forward + backward); 12 L H D T is Q K^T and W V over the full
-        T x T square, T = seq_len (default block_size)."""
-        cfg = self.config
-        T = seq_len if seq_len is not None else cfg.block_size
-        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        return float(6 * n_matmul + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T)

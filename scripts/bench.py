@@ -4,6 +4,7 @@
     python scripts/bench.py --quick               # seconds: tiny sizes, few repeats (CI)
     python scripts/bench.py --parts step data     # some of: matmul attention step data sync
     python scripts/bench.py --device cuda --attn-precision bf16 --configs gpt2_small
+    python scripts/bench.py --parts step --configs nanogpt_cpu --nanogpt ~/nanoGPT  # vs nanoGPT
 
 Prints Markdown tables and writes them (--markdown) and everything measured (--json, default
 outputs/bench/<time>.json) with the device, thread count, load and library versions.
@@ -17,7 +18,7 @@ How it measures (these machines are shared and noisy, so absolute times drift):
   torch.cuda.max_memory_allocated(); on CPU from the allocation and free events that
   torch.profiler records with profile_memory=True, summed in time order (the CPU allocator
   keeps no peak counter). Scratch memory that oneDNN allocates outside PyTorch is not seen.
-- MFU = model.flops_per_token(T) x tokens/s / peak matmul rate, where the peak is the best rate
+- MFU = flops_per_token(model, T) x tokens/s / peak matmul rate, where the peak is the best rate
   of a square matmul measured here in the step's dtype, not a datasheet figure.
 - The training step is the one train.py runs: each case is what `python train.py <overrides>` builds
   (trainer.build.build: model, AdamW groups, schedule, precision, compile), stepped with
@@ -26,6 +27,13 @@ How it measures (these machines are shared and noisy, so absolute times drift):
   exactly the config's vocabulary (65 ids: nanoGPT's character vocabulary), prepared by
   data.prepare into a token cache in a temporary folder and batched by data.batching.Batcher
   (concat packing): the real data path, without needing the corpus or the network.
+- With --nanogpt DIR, nanoGPT's own train.py from that checkout runs as a subprocess with its
+  README's CPU command (the nanogpt_cpu shape), in a scratch folder holding copies of its
+  train.py, model.py, configurator.py and config file and this bench's tokens as its
+  data/<dataset>/train.bin, val.bin and meta.pkl; nothing is written into the checkout. Its
+  runs take turns with the step cases (one run before each round), on the same thread count;
+  from each run's printed `iter N: ... time X ms` lines the first NANOGPT_WARMUP_ITERS are
+  dropped. Reported: its median, and its median over each nanogpt_cpu row's (> 1: ours faster).
 
 Dimension letters: B batch, T time, C model width, H heads.
 """
@@ -34,8 +42,12 @@ import argparse
 import itertools
 import json
 import os
+import pickle
 import platform
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,16 +70,15 @@ from torch.profiler import ProfilerActivity, profile, record_function
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from data.batching import Batcher  # noqa: E402
-from model.attention import SCALINGS, MultiHeadAttention, ScalingConfig  # noqa: E402
+from data.batching import Batcher, BatchShape  # noqa: E402
+from model.attention import MultiHeadAttention  # noqa: E402
+from model.config import SCALINGS, GPTConfig, ScalingConfig  # noqa: E402
+from model.gpt import GPT  # noqa: E402
 from trainer.build import autocast_dtype, build, pick_device, precision_name  # noqa: E402
 from trainer.run_dir import cpu_name  # noqa: E402
 from trainer.schema import register_configs  # noqa: E402
 from trainer.step import to_device, train_step  # noqa: E402
 
-# nanoGPT's float32 training step for its CPU configuration, measured on this machine kind with
-# its README command: the reference our step is compared with.
-NANOGPT_CPU_STEP_MS = 29.8
 SHAKESPEARE_TRAIN_TOKENS = 4_567_669  # the char-level Shakespeare train split (token cache)
 
 
@@ -114,11 +125,18 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def interleave(cases: dict[str, Callable[[], object]], rounds: int, per_round: int,
-               device: torch.device) -> dict[str, list[float]]:
-    """Time every case per_round times in each round, rotating the order; seconds per call."""
+               device: torch.device,
+               before_round: Optional[Callable[[], object]] = None) -> dict[str, list[float]]:
+    """Time every case per_round times in each round, rotating the order; seconds per call.
+
+    before_round, untimed, starts every round: a process that times itself (nanoGPT's train.py)
+    then takes turns with the cases, so that a burst of load reaches it too.
+    """
     names = list(cases)
     times = {name: [] for name in names}
     for r in range(rounds):
+        if before_round is not None:
+            before_round()
         k = r % len(names)
         for name in names[k:] + names[:k]:
             times[name].extend(timed(cases[name], device) for _ in range(per_round))
@@ -150,6 +168,16 @@ def peak_memory(calls: dict[str, Callable[[], object]], device: torch.device) ->
              if e.name() in calls}
     return {name: max(itertools.accumulate((n for t, n in memory if lo <= t <= hi), initial=0))
             for name, (lo, hi) in spans.items()}
+
+
+def flops_per_token(model: GPT, seq_len: int) -> float:
+    """Training FLOPs per token, PaLM appendix B style: 6 N + 12 L H D T. N is the weights
+    of every matmul (projections, MLP, the tied LM head; no embeddings, norms or biases),
+    6 = 2 (multiply-add) x 3 (forward + backward); 12 L H D T is Q K^T and W V over the full
+    T x T square, T = seq_len."""
+    cfg = model.config
+    n_matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return float(6 * n_matmul + 12 * cfg.n_layer * cfg.n_head * cfg.d_head * seq_len)
 
 
 def median_ms(seconds: list[float]) -> float:
@@ -192,12 +220,12 @@ def peak_matmul(dtype: torch.dtype, sizes: tuple[int, ...], repeats: int,
 
 # ---------------------------------------------------------------- 1. attention
 
-def attention_call(impl: str, scaling: str, T: int, B: int, C: int, H: int,
-                   amp: Optional[torch.dtype], device: torch.device) -> Callable[[], None]:
-    """One forward+backward of one causal MultiHeadAttention layer on x (B, T, C)."""
+def attention_call(layer: MultiHeadAttention, B: int, T: int,
+                   amp: Optional[torch.dtype]) -> Callable[[], None]:
+    """One forward+backward of `layer` (causal) on x (B, T, C), on the layer's device."""
+    device = next(layer.parameters()).device
+    C = layer.proj.out_features
     torch.manual_seed(0)
-    layer = MultiHeadAttention(C, H, C // H, ScalingConfig(name=scaling),
-                               attn_impl=impl).to(device)
     x = torch.randn(B, T, C, device=device, requires_grad=True)
     grad_y = torch.randn(B, T, C, device=device)
     ctx = torch.autocast(device.type, dtype=amp) if amp else nullcontext()
@@ -211,14 +239,23 @@ def attention_call(impl: str, scaling: str, T: int, B: int, C: int, H: int,
     return call
 
 
+def attention_layer(impl: str, scaling: str, C: int, H: int,
+                    device: torch.device) -> MultiHeadAttention:
+    """One attention layer of width C in H heads of C // H, seeded."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=1, n_head=H, d_model=C, attn_impl=impl,
+                       scaling=ScalingConfig(name=scaling))
+    return MultiHeadAttention(config).to(device)
+
+
 def bench_attention(args, device: torch.device) -> list[dict]:
     """Rows (T, impl, scaling): fwd+bwd median ms, peak bytes, ratios within the same T."""
     amp = autocast_dtype(args.attn_precision, device)
     rows = []
     for T in args.seq_lens:
         B = max(1, args.attn_tokens // T)
-        calls = {(impl, s): attention_call(impl, s, T, B, args.attn_width, args.attn_heads,
-                                           amp, device)
+        calls = {(impl, s): attention_call(attention_layer(impl, s, args.attn_width,
+                                                           args.attn_heads, device), B, T, amp)
                  for impl in ("explicit", "sdpa") for s in SCALINGS}
         for call in calls.values():
             call()  # warm-up
@@ -296,8 +333,9 @@ class StepCase:
 
 
 def bench_steps(args, device: torch.device, folder: Path) -> tuple:
-    """Rows per (config, precision, compile) and per config's batch fetch."""
-    step_rows, data_rows = [], []
+    """Rows per (config, precision, compile), per config's batch fetch, and nanoGPT's summary
+    (None without --nanogpt)."""
+    step_rows, data_rows, nanogpt = [], [], None
     for name in args.configs:
         cfg = CONFIGS[name]
         data = corpus(folder, args.n_tokens, cfg.vocab_size)
@@ -305,16 +343,21 @@ def bench_steps(args, device: torch.device, folder: Path) -> tuple:
                  for c in args.compile for p in args.precisions}
         warmup = {key: [timed(case.step, device) for _ in range(args.warmup)]
                   for key, case in cases.items()}
-        tokens = next(iter(cases.values())).run.data.train
-        fetcher = Batcher(tokens, None, block_size=cfg.block_size, batch_size=cfg.batch_size,
-                          packing="concat", pad_id=0, seed=1)
+        prepared = next(iter(cases.values())).run.data
+        fetcher = Batcher(prepared.train, BatchShape(cfg.batch_size, cfg.block_size), seed=1)
         calls = {key: case.step for key, case in cases.items()}
         calls["fetch"] = lambda fetcher=fetcher: to_device(fetcher.next(), device)
-        times = interleave(calls, args.rounds, args.per_round, device)
-        step_rows += step_table(name, cfg, cases, times, warmup)
+        beside = nanogpt_beside(args, name, prepared, folder)
+        times = interleave(calls, args.rounds, args.per_round, device,
+                           beside.run if beside else None)
+        rows = step_table(name, cfg, cases, times, warmup)
+        if beside:
+            nanogpt = beside.summary()
+            compare_with_nanogpt(rows, nanogpt["ms"])
+        step_rows += rows
         data_rows.append(data_row(name, times))
         print(f"step {name} done", file=sys.stderr)
-    return step_rows, data_rows
+    return step_rows, data_rows, nanogpt
 
 
 def step_table(name: str, cfg: StepConfig, cases: dict, times: dict,
@@ -326,7 +369,7 @@ def step_table(name: str, cfg: StepConfig, cases: dict, times: dict,
     for (p, c), case in cases.items():
         ms = median_ms(times[p, c])
         tok_s = tokens / (ms / 1e3)
-        flops = case.raw.flops_per_token(cfg.block_size) * tok_s
+        flops = flops_per_token(case.raw, cfg.block_size) * tok_s
         dtype = precision_name(autocast_dtype(p, case.device))
         auto = precision_name(autocast_dtype("auto", case.device))
         rows.append({"config": name, "precision": p, "dtype": dtype, "is_auto": dtype == auto,
@@ -335,11 +378,16 @@ def step_table(name: str, cfg: StepConfig, cases: dict, times: dict,
                      "n_params": case.raw.num_params(), "model_flops_per_s": flops,
                      "mfu": None,
                      "speedup_vs_fp32_eager": base / ms if base else None,
-                     "speedup_vs_nanogpt": (NANOGPT_CPU_STEP_MS / ms
-                                            if name == "nanogpt_cpu" and case.device.type == "cpu"
-                                            else None),
                      "warmup_s": warmup[p, c]})
     return rows
+
+
+def compare_with_nanogpt(rows: list[dict], nanogpt_ms: float) -> None:
+    """Adds nanoGPT's median step, timed in the same run, and its ratio to each row's
+    (nanoGPT ms / our ms: above 1 where our step is faster)."""
+    for row in rows:
+        row["nanogpt_ms"] = nanogpt_ms
+        row["speedup_vs_nanogpt"] = nanogpt_ms / row["ms"]
 
 
 def data_row(name: str, times: dict) -> dict:
@@ -348,6 +396,134 @@ def data_row(name: str, times: dict) -> dict:
     fastest = min(steps, key=steps.get)
     return {"config": name, "fetch_ms": fetch, "fastest_step": list(fastest),
             "fastest_step_ms": steps[fastest], "share_of_fastest_step": fetch / steps[fastest]}
+
+
+# ---------------------------------------------------------------- nanoGPT, same run
+
+# What a nanoGPT checkout must hold: the bench runs its README's CPU command, which names the
+# config file, and train.py execs configurator.py from the working folder.
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config/train_shakespeare_char.py")
+# Iterations dropped from each run: iteration 0 includes the evaluation train.py always runs
+# first, and nanoGPT itself lets its loop settle for 5 iterations before estimating MFU.
+NANOGPT_WARMUP_ITERS = 5
+NANOGPT_DATASET = "bench"
+ITER_LINE = re.compile(r"^iter (\d+): loss \S+, time ([0-9.]+) ?ms", re.MULTILINE)
+
+
+class NanoGPTError(Exception):
+    """Why nanoGPT could not be timed; main prints it as one paragraph and exits with code 2."""
+
+
+def check_nanogpt(args: argparse.Namespace, device: torch.device) -> None:
+    """Refuses --nanogpt before anything is measured when the comparison cannot run."""
+    checkout = args.nanogpt
+    missing = [name for name in NANOGPT_FILES if not (checkout / name).is_file()]
+    if missing:
+        raise NanoGPTError(
+            f"--nanogpt {checkout} is not a nanoGPT checkout: it has no {', '.join(missing)}. "
+            "Pass the folder of a clone of github.com/karpathy/nanoGPT (the one holding "
+            "train.py, model.py, configurator.py and config/). The bench copies those files "
+            "into a scratch folder and writes its own data there, so nothing in the checkout "
+            "changes and nanoGPT's data preparation (a download) is not needed.")
+    if device.type != "cpu":
+        raise NanoGPTError(
+            f"--nanogpt runs nanoGPT's README command for a CPU (--device=cpu), so it compares "
+            f"with a CPU step only, and this run's device is {device}: add --device cpu.")
+    if "step" not in args.parts or (args.configs is not None
+                                     and "nanogpt_cpu" not in args.configs):
+        raise NanoGPTError(
+            "--nanogpt times nanoGPT beside the nanogpt_cpu training step (its CPU shape): "
+            "keep `step` in --parts and nanogpt_cpu in --configs.")
+    if args.nanogpt_iters < 1:
+        raise NanoGPTError(f"--nanogpt-iters {args.nanogpt_iters}: time at least 1 iteration.")
+
+
+def nanogpt_command(iters: int) -> list[str]:
+    """nanoGPT README's CPU command (python train.py config/train_shakespeare_char.py
+    --device=cpu ...) in the nanogpt_cpu shape, cut to NANOGPT_WARMUP_ITERS + iters iterations
+    (train.py runs 0..max_iters), without evaluation after iteration 0 or checkpoints."""
+    cfg = CONFIGS["nanogpt_cpu"]
+    max_iters = NANOGPT_WARMUP_ITERS + iters - 1
+    return ["python", "train.py", "config/train_shakespeare_char.py", "--device=cpu",
+            "--compile=False", "--eval_iters=20", "--log_interval=1",
+            f"--block_size={cfg.block_size}", f"--batch_size={cfg.batch_size}",
+            f"--n_layer={cfg.n_layer}", f"--n_head={cfg.n_head}", f"--n_embd={cfg.d_model}",
+            f"--max_iters={max_iters}", "--lr_decay_iters=2000", f"--dropout={cfg.dropout}",
+            f"--eval_interval={max_iters + 1}", "--always_save_checkpoint=False",
+            f"--dataset={NANOGPT_DATASET}"]
+
+
+def iteration_times(stdout: str, iters: int) -> list[float]:
+    """The ms of iterations NANOGPT_WARMUP_ITERS on from train.py's log lines."""
+    times = [float(ms) for it, ms in ITER_LINE.findall(stdout)
+             if int(it) >= NANOGPT_WARMUP_ITERS]
+    if len(times) != iters:
+        raise NanoGPTError(
+            f"nanoGPT's train.py printed {len(times)} lines `iter N: loss X, time Y ms` from "
+            f"iteration {NANOGPT_WARMUP_ITERS} on, not the {iters} expected: its log format is "
+            f"not the one this bench reads. The end of its output:\n{tail(stdout)}")
+    return times
+
+
+def tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class NanoGPT:
+    """nanoGPT's own train.py, run from copies of a checkout's files in a scratch folder: every
+    run() is one subprocess on this process's thread count, whose iteration times are kept."""
+
+    def __init__(self, checkout: Path, folder: Path, iters: int):
+        self.checkout, self.folder, self.iters = checkout.resolve(), folder, iters
+        self.command = nanogpt_command(iters)
+        self.threads = torch.get_num_threads()
+        self.times_ms: list[float] = []
+        self.runs = 0
+        for name in NANOGPT_FILES:  # copies: python would write __pycache__ next to the files
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.checkout / name, folder / name)
+
+    def write_data(self, train: np.ndarray, val: np.ndarray, vocab_size: int) -> None:
+        """The files train.py reads: data/<dataset>/train.bin and val.bin (uint16 token ids)
+        and meta.pkl (vocab_size), here this bench's own tokens instead of Shakespeare."""
+        if vocab_size > 2**16:
+            raise NanoGPTError(f"nanoGPT reads uint16 token ids; {vocab_size} ids do not fit")
+        data_dir = self.folder / "data" / NANOGPT_DATASET
+        data_dir.mkdir(parents=True, exist_ok=True)
+        np.asarray(train, dtype=np.uint16).tofile(data_dir / "train.bin")
+        np.asarray(val, dtype=np.uint16).tofile(data_dir / "val.bin")
+        with open(data_dir / "meta.pkl", "wb") as f:
+            pickle.dump({"vocab_size": vocab_size}, f)
+
+    def run(self) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads),
+                   MKL_NUM_THREADS=str(self.threads))
+        proc = subprocess.run([sys.executable, *self.command[1:]], cwd=self.folder, env=env,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NanoGPTError(
+                f"nanoGPT's train.py (copied from {self.checkout}) failed with exit code "
+                f"{proc.returncode}; it ran as `{' '.join(self.command)}` with "
+                f"OMP_NUM_THREADS={self.threads}. The end of its stderr:\n{tail(proc.stderr)}")
+        self.times_ms += iteration_times(proc.stdout, self.iters)
+        self.runs += 1
+
+    def summary(self) -> dict:
+        return {"checkout": str(self.checkout), "command": " ".join(self.command),
+                "threads": self.threads, "runs": self.runs, "iters_per_run": self.iters,
+                "warmup_iters_dropped": NANOGPT_WARMUP_ITERS, "times_ms": self.times_ms,
+                "ms": statistics.median(self.times_ms)}
+
+
+def nanogpt_beside(args: argparse.Namespace, name: str, prepared,
+                   folder: Path) -> Optional[NanoGPT]:
+    """With --nanogpt, nanoGPT ready to take turns with the nanogpt_cpu config's step cases, on
+    the same tokens (prepared: data.prepare's PreparedData)."""
+    if not args.nanogpt or name != "nanogpt_cpu":
+        return None
+    nanogpt = NanoGPT(args.nanogpt, folder / "nanogpt", args.nanogpt_iters)
+    nanogpt.write_data(prepared.train[:], prepared.val[:], prepared.vocab_size)
+    return nanogpt
 
 
 # ---------------------------------------------------------------- 4. host-device syncs
@@ -416,14 +592,9 @@ def markdown(result: dict) -> str:
                 attention_markdown(result["attention"])]
     if result.get("step"):
         out += ["", "## Training step (train.py's train_step)", "",
-                table(["config", "params", "precision", "compile", "ms/step", "tokens/s", "MFU",
-                       "vs fp32 eager", f"vs nanoGPT {NANOGPT_CPU_STEP_MS} ms", "warm-up s"],
-                      [[r["config"], f"{r['n_params'] / 1e6:.2f}M",
-                        r["precision"] + (" (auto)" if r["is_auto"] else ""),
-                        r["compile"], r["ms"], r["tokens_per_s"], r["mfu"],
-                        r["speedup_vs_fp32_eager"], r["speedup_vs_nanogpt"],
-                        " / ".join(f"{s:.2f}" for s in r["warmup_s"])]
-                       for r in result["step"]])]
+                step_markdown(result["step"], "nanogpt" in result)]
+    if result.get("nanogpt"):
+        out += ["", nanogpt_markdown(result["nanogpt"])]
     if result.get("data"):
         out += ["", "## Data path (Batcher.next + to_device)", "",
                 table(["config", "fetch ms", "fastest step", "step ms", "share"],
@@ -433,6 +604,30 @@ def markdown(result: dict) -> str:
     if result.get("sync"):
         out += ["", "## Host-device syncs per train_step", "", json.dumps(result["sync"])]
     return "\n".join(out) + "\n"
+
+
+def step_markdown(rows: list[dict], with_nanogpt: bool) -> str:
+    """The step table; nanoGPT's columns only when it was timed in this run."""
+    headers = ["config", "params", "precision", "compile", "ms/step", "tokens/s", "MFU",
+               "vs fp32 eager"]
+    headers += ["nanoGPT ms", "vs nanoGPT"] if with_nanogpt else []
+    body = []
+    for r in rows:
+        line = [r["config"], f"{r['n_params'] / 1e6:.2f}M",
+                r["precision"] + (" (auto)" if r["is_auto"] else ""), r["compile"], r["ms"],
+                r["tokens_per_s"], r["mfu"], r["speedup_vs_fp32_eager"]]
+        line += [r.get("nanogpt_ms"), r.get("speedup_vs_nanogpt")] if with_nanogpt else []
+        body.append(line + [" / ".join(f"{s:.2f}" for s in r["warmup_s"])])
+    return table(headers + ["warm-up s"], body)
+
+
+def nanogpt_markdown(nanogpt: dict) -> str:
+    return (f"nanoGPT ms: median of {len(nanogpt['times_ms'])} iterations of nanoGPT's train.py "
+            f"(from {nanogpt['checkout']}), {nanogpt['runs']} runs of "
+            f"{nanogpt['warmup_iters_dropped']} + {nanogpt['iters_per_run']} iterations, the "
+            f"first {nanogpt['warmup_iters_dropped']} of each dropped, one run before each round "
+            f"of the step cases, OMP_NUM_THREADS={nanogpt['threads']}: `{nanogpt['command']}`. "
+            f"vs nanoGPT: nanoGPT ms / ms/step.")
 
 
 def attention_markdown(rows: list[dict]) -> str:
@@ -453,11 +648,11 @@ def attention_markdown(rows: list[dict]) -> str:
 
 QUICK = {"seq_lens": [16, 32], "attn_tokens": 64, "attn_width": 32, "attn_heads": 2,
          "attn_rounds": 2, "configs": ["nanogpt_cpu"], "rounds": 2, "per_round": 1, "warmup": 1,
-         "n_tokens": 10_000, "matmul_sizes": [64, 128]}
+         "n_tokens": 10_000, "matmul_sizes": [64, 128], "nanogpt_iters": 3}
 FULL = {"seq_lens": [64, 128, 256, 512, 1024, 2048], "attn_tokens": 4096, "attn_width": 384,
         "attn_heads": 6, "attn_rounds": 7, "configs": None, "rounds": 5, "per_round": 3,
         "warmup": 3,
-        "n_tokens": SHAKESPEARE_TRAIN_TOKENS, "matmul_sizes": None}
+        "n_tokens": SHAKESPEARE_TRAIN_TOKENS, "matmul_sizes": None, "nanogpt_iters": 20}
 PARTS = ("attention", "step", "sync")
 
 
@@ -484,6 +679,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="steps per case before timing (reported)")
     p.add_argument("--n-tokens", type=int, help="length of the random token file")
     p.add_argument("--matmul-sizes", type=int, nargs="+")
+    p.add_argument("--nanogpt", type=Path, metavar="DIR",
+                   help="a nanoGPT checkout: time its train.py (README CPU command) in this run, "
+                        "taking turns with the nanogpt_cpu step, and report the ratio")
+    p.add_argument("--nanogpt-iters", type=int, help="timed iterations per nanoGPT run "
+                   f"(after {NANOGPT_WARMUP_ITERS} dropped ones; default 20, 3 with --quick)")
     p.add_argument("--json", type=Path, help="default outputs/bench/<time>.json")
     p.add_argument("--markdown", type=Path, help="also write the tables here")
     args = p.parse_args(argv)
@@ -510,7 +710,9 @@ def run(args: argparse.Namespace, device: torch.device, folder: Path) -> dict:
                                                    if k not in ("json", "markdown")}}
     if "step" in args.parts:
         result["matmul"] = matmul_peaks(args, device)
-        result["step"], result["data"] = bench_steps(args, device, folder)
+        result["step"], result["data"], nanogpt = bench_steps(args, device, folder)
+        if nanogpt:
+            result["nanogpt"] = nanogpt
     if "attention" in args.parts:
         result["attention"] = bench_attention(args, device)
     if "step" in args.parts:
@@ -531,8 +733,14 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
-    with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as folder:
-        result = run(args, device, Path(folder))
+    try:
+        if args.nanogpt:
+            check_nanogpt(args, device)
+        with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as folder:
+            result = run(args, device, Path(folder))
+    except NanoGPTError as e:
+        print(f"bench.py: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     text = markdown(result)
     print(text)
     path = args.json or ROOT / "outputs" / "bench" / time.strftime("bench-%Y%m%d-%H%M%S.json")

@@ -84,7 +84,7 @@ from scripts.report.runs import (  # noqa: E402
     varying_keys,
 )
 from scripts.report.runs_csv import read_runs_csv, write_runs_csv  # noqa: E402
-from scripts.report.tables import markdown_report  # noqa: E402
+from scripts.report.tables import Reading, appendix, markdown_report  # noqa: E402
 
 
 def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
@@ -100,9 +100,9 @@ def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
             return [], (f"{item!r}: give KEY=VALUE with a KEY these runs vary"
                         f" ({', '.join(sorted(values)) or 'they vary only the scale'}).")
         if canonical(value) not in values[key]:
-            shown = ", ".join("null" if v is None else v
+            choices = ", ".join("null" if v is None else v
                               for v in sorted(values[key], key=value_order))
-            return [], f"{item!r}: {key} takes the values {shown} in these runs."
+            return [], f"{item!r}: {key} takes the values {choices} in these runs."
         pairs.append((key, canonical(value)))
     return pairs, ""
 
@@ -276,8 +276,9 @@ def report(args, levels: Optional[dict]) -> int:
         notes += (["--heads-seed needs the run folders' records: not drawn from a CSV"]
                   if args.from_csv is not None else heads_of_seed(args.heads_seed, curves,
                                                                    args.out))
-    text = markdown_report(read, runs, groups, skipped, notes, args.loss, args.baseline,
-                           lr_runs, pairs, levels, plan)
+    reading = Reading(args.loss, args.baseline, pairs, levels, plan)
+    text = (markdown_report(read, runs, groups, lr_runs, reading)
+            + appendix(runs, reading, skipped, notes))
     if levels:
         text = ngram.above_every_table(text, ngram.levels_line(levels))
     if args.from_csv is None:

@@ -9,7 +9,9 @@ Reads RUN_DIR/tokenizer.json and RUN_DIR/checkpoints/{best,last}.pt; needs no da
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from tokenizers import Tokenizer
@@ -18,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from data.tokenizer import encode  # noqa: E402
-from model.attention import ScalingConfig  # noqa: E402
+from model.config import GPTConfig, ScalingConfig  # noqa: E402
 from model.errors import UserError  # noqa: E402
-from model.gpt import GPT, GPTConfig  # noqa: E402
+from model.gpt import GPT  # noqa: E402
 from trainer import checkpoint  # noqa: E402
 from trainer.build import choose_threads  # noqa: E402
 from trainer.checkpoint import CheckpointError  # noqa: E402
@@ -42,10 +44,18 @@ def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, in
     return model.to(device).eval(), ckpt["pad_id"]
 
 
-def sample(run_dir: Path, prompts: list[str], max_new_tokens: int, temperature: float,
-           top_k: int | None, which: str = "best", seed: int = 0,
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int
+    temperature: float          # 0: greedy
+    top_k: Optional[int]        # None: every token
+    seed: int = 0
+
+
+def sample(run_dir: Path, prompts: list[str], sampling: Sampling, which: str = "best",
            device: str = "cpu") -> list[str]:
-    """Continuations (prompt included) of each prompt, generated as one batch."""
+    """Continuations (prompt included) of each prompt, generated as one batch from the
+    checkpoint `which` (best or last)."""
     model, pad_id = load_model(run_dir, which, torch.device(device))
     if not (run_dir / "tokenizer.json").is_file():
         raise UserError(f"Cannot sample from {run_dir}: it has no tokenizer.json. Pass the run "
@@ -56,9 +66,9 @@ def sample(run_dir: Path, prompts: list[str], max_new_tokens: int, temperature: 
     if any(len(i) == 0 for i in ids):
         raise UserError("Every --prompt must encode to at least one token; pass e.g. "
                         "--prompt '\\n' for an unconditional sample.")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    outs = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                          pad_id=pad_id, generator=gen)
+    gen = torch.Generator(device=device).manual_seed(sampling.seed)
+    outs = model.generate(ids, sampling.max_new_tokens, temperature=sampling.temperature,
+                          top_k=sampling.top_k, pad_id=pad_id, generator=gen)
     return [p + tok.decode(o, skip_special_tokens=False) for p, o in zip(prompts, outs)]
 
 
@@ -92,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if threads:
         torch.set_num_threads(threads)
     try:
-        texts = sample(args.run_dir, args.prompt or ["\n"], args.max_new_tokens,
-                       args.temperature, args.top_k or None, args.checkpoint, args.seed,
+        sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k or None, args.seed)
+        texts = sample(args.run_dir, args.prompt or ["\n"], sampling, args.checkpoint,
                        args.device)
     except UserError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)

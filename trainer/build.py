@@ -16,20 +16,15 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.batching import Batch, Batcher, fixed_batches
+from data.batching import Batch, BatchShape, Sampler, TrainingData
 from data.config import DataConfig
-from data.prepare import PreparedData, prepare
-from data.recall import EVAL_TRAIN_STREAM, RecallBatcher, RecallData, validation_batches
-from model.attention import MultiHeadAttention, ScalingConfig
-from model.cpu_autocast import CPUAutocastAttention
-from model.errors import ConfigError, UserError
-from model.gpt import GPT, GPTConfig
-from trainer.launch import jobs_at_once
-from trainer.schema import OptimConfig, TrainerConfig
+from data.prepare import prepare
+from model.attention import MultiHeadAttention
+from model.config import GPTConfig, ScalingConfig
+from model.errors import UserError
+from model.gpt import GPT
+from trainer.schema import AUTOCAST, OptimConfig, TrainerConfig
 
-# Evaluation batches are drawn with this seed, whatever trainer.seed: every run of a sweep is
-# scored on the same validation text, so their losses compare.
-EVAL_SEED = 0
 # trainer.threads=auto uses at most this many threads. A choice, not a measurement: this
 # repository's CPU timings come from 2 cores; set trainer.threads to try more.
 MAX_AUTO_THREADS = 8
@@ -68,6 +63,16 @@ class Progress:
     final_val_loss: Optional[float] = None
     wall_s: float = 0.0        # summed over every segment (start or resume) of the run
 
+    def add_eval(self, step: int, val_loss: float) -> bool:
+        """Record an evaluation's validation loss; whether it is the best so far."""
+        self.final_val_loss = val_loss
+        if step == 0:
+            self.init_val_loss = val_loss
+        improved = math.isfinite(val_loss) and val_loss < self.best_val_loss
+        if improved:
+            self.best_val_loss, self.best_step = val_loss, step
+        return improved
+
 
 @dataclass
 class TrainState:
@@ -76,7 +81,7 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    batcher: Batcher           # or data.recall.RecallBatcher (the same interface)
+    batcher: Sampler           # data.batching.Batcher, or a generated task's sampler
     progress: Progress = field(default_factory=Progress)
 
 
@@ -85,41 +90,41 @@ class Run:
     config: RunConfig
     compute: Compute
     state: TrainState
-    data: PreparedData         # or data.recall.RecallData for data=recall
+    data: TrainingData         # data.prepare.PreparedData, or data.recall.RecallData
     eval_batches: dict[str, list[Batch]]   # "val", "train": the same batches every evaluation
     prompts: list[list[int]]               # token ids of trainer.sample_prompts
 
 
-def build(cfg: DictConfig) -> Run:
-    """Validated configs, data, model, optimizer. Writes nothing but the data cache."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    data_cfg, train_cfg = DataConfig(**c["data"]), TrainerConfig(**c["trainer"])
-    optim_cfg = OptimConfig(**c["optim"])
-    rank, world = process_rank(), world_size()
-    if train_cfg.batch_size % world:
-        raise UserError(f"trainer.batch_size={train_cfg.batch_size} must be a multiple of the "
-                        f"number of processes ({world}): the global batch is split evenly.")
-    threads, threads_chosen = choose_threads(train_cfg.threads, jobs_at_once())
+def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
+    """Validated configs, data, model, optimizer. Writes nothing but the data cache.
+    `jobs_at_once`: the sweep jobs that share this machine's cores (trainer.threads=auto)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    data_cfg, train_cfg = DataConfig(**resolved["data"]), TrainerConfig(**resolved["trainer"])
+    optim_cfg = OptimConfig(**resolved["optim"])
+    shape = BatchShape(train_cfg.batch_size, resolved["model"]["block_size"], process_rank(),
+                       world_size())
+    threads, threads_chosen = choose_threads(train_cfg.threads, jobs_at_once)
     if threads is not None:
         torch.set_num_threads(threads)
     device = pick_device(train_cfg.device)
     amp = autocast_dtype(train_cfg.precision, device)
-    compute = Compute(rank, world, device, precision_name(amp),
+    compute = Compute(shape.rank, shape.world, device, precision_name(amp),
                       torch.autocast(device.type, dtype=amp) if amp else nullcontext(),
                       threads_chosen)
 
-    data = RecallData(data_cfg) if data_cfg.source == "recall" else prepare(data_cfg)
-    model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=ScalingConfig(**c["scaling"]),
-                          **c["model"])
+    if data_cfg.source == "recall":
+        from data.recall import RecallData  # an option: loaded only for data=recall
+        data = RecallData(data_cfg)
+    else:
+        data = prepare(data_cfg)
+    model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=ScalingConfig(**resolved["scaling"]),
+                          **resolved["model"])
     prompts = [data.encode(p) or [data.eot_id] for p in train_cfg.sample_prompts]  # fail early
-    eval_batches, batcher = make_batches(data, data_cfg, train_cfg, model_cfg.block_size,
-                                         rank, world)
+    eval_batches, batcher = data.batches(shape, train_cfg.eval_iters, train_cfg.seed)
     torch.manual_seed(train_cfg.seed)
-    # model/cpu_autocast.py's route only where it differs from MultiHeadAttention: CPU autocast
-    route = model_cfg.attn_impl == "auto" and amp is not None and device.type == "cpu"
-    model = GPT(model_cfg, CPUAutocastAttention if route else MultiHeadAttention).to(device)
+    model = GPT(model_cfg, attention_class(model_cfg.attn_impl, amp, device)).to(device)
     wrapped = torch.compile(model) if train_cfg.compile else model
-    if world > 1:
+    if shape.world > 1:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = make_optimizer(model, optim_cfg, device)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -127,30 +132,18 @@ def build(cfg: DictConfig) -> Run:
     state = TrainState(
         model, wrapped, optimizer, schedule,
         torch.amp.GradScaler(device.type, enabled=amp == torch.float16), batcher)
-    config = RunConfig(c, model_cfg, data_cfg, optim_cfg, train_cfg)
+    config = RunConfig(resolved, model_cfg, data_cfg, optim_cfg, train_cfg)
     return Run(config, compute, state, data, eval_batches, prompts)
 
 
-def make_batches(data, data_cfg: DataConfig, train_cfg: TrainerConfig, block_size: int,
-                 rank: int, world: int) -> tuple[dict[str, list[Batch]], Batcher]:
-    """The fixed evaluation batches ("val", "train") and the training batcher of a corpus or
-    of a generated recall task (whose sequences are exactly model.block_size tokens)."""
-    if isinstance(data, RecallData):
-        if block_size != data_cfg.seq_len:
-            raise ConfigError(f"model.block_size={block_size} differs from data.seq_len="
-                              f"{data_cfg.seq_len}: a recall sequence is one block. Set "
-                              "model.block_size=${data.seq_len} (model=recall does).")
-        kw = dict(batch_size=train_cfg.batch_size, rank=rank, world_size=world)
-        train_sample = RecallBatcher(data_cfg, stream=EVAL_TRAIN_STREAM, **kw)
-        return ({"val": validation_batches(data_cfg, limit=train_cfg.eval_iters, **kw),
-                 "train": [train_sample.next() for _ in range(train_cfg.eval_iters)]},
-                RecallBatcher(data_cfg, **kw))
-    kw = dict(block_size=block_size, batch_size=train_cfg.batch_size, packing=data_cfg.packing,
-              pad_id=data.pad_id, rank=rank, world_size=world)
-    return ({split: fixed_batches(getattr(data, split), getattr(data, f"{split}_docs"),
-                                  n_batches=train_cfg.eval_iters, seed=EVAL_SEED, **kw)
-             for split in ("val", "train")},
-            Batcher(data.train, data.train_docs, seed=train_cfg.seed, **kw))
+def attention_class(attn_impl: str, amp: Optional[torch.dtype],
+                    device: torch.device) -> type[MultiHeadAttention]:
+    """MultiHeadAttention, or the CPU autocast route (model/cpu_autocast.py, an option) where it
+    differs from it: model.attn_impl=auto under CPU autocast."""
+    if attn_impl == "auto" and amp is not None and device.type == "cpu":
+        from model.cpu_autocast import CPUAutocastAttention  # loaded only for this route
+        return CPUAutocastAttention
+    return MultiHeadAttention
 
 
 def process_rank() -> int:
@@ -207,7 +200,7 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = dict(zip(AUTOCAST, (None, torch.bfloat16, torch.float16)))   # fp32: no autocast
 
 
 def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:

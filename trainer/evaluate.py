@@ -1,4 +1,5 @@
 """Evaluation: losses on fixed batches, attention diagnostics, the whole-split score, samples.
+Each function measures and returns; train.py logs the numbers and updates the run's progress.
 
 Losses are means over real target tokens (as in trainer/step.py), summed over processes.
 `GPT.attention_stats` runs in eval mode and draws no random numbers, so evaluating never
@@ -13,18 +14,14 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from data.recall import RecallData, validation_batches
-from model.gpt import GPT, IGNORE_INDEX, eval_mode
+from data.batching import BatchShape
+from data.prepare import bits_per_byte
+from model.config import IGNORE_INDEX
+from model.gpt import GPT, eval_mode
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum
 from trainer.step import to_device
-
-
-def bits_per_byte(loss: float, bytes_per_token: float) -> float:
-    """A loss in nats per token as bits per byte of text: comparable across tokenizers."""
-    return loss / math.log(2) / bytes_per_token
 
 
 def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -74,27 +71,20 @@ def attention_record(model: GPT, batch, device: torch.device) -> dict:
             "attn_heads": heads}
 
 
-def evaluate(run: Run, step: int, lr: float,
-             tokens_per_sec: Optional[float]) -> tuple[dict, bool]:
-    """The eval record of `step` (diagnostics on rank 0 only) and whether val_loss is the best
-    so far; updates the run's progress (best, final and initial validation loss)."""
-    model, compute, progress = run.state.model, run.compute, run.state.progress
+def evaluate(run: Run, step: int, lr: float, tokens_per_sec: Optional[float]) -> dict:
+    """The eval record of `step`: losses on the fixed batches, and the attention diagnostics
+    (rank 0 only)."""
+    model, compute = run.state.model, run.compute
     (val_loss, accuracy, _), (train_loss, _, _) = (
         estimate(model, run.eval_batches[split], compute.autocast, compute.device)
         for split in ("val", "train"))
     record = {"kind": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss,
               "val_bpb": val_bpb(run, val_loss), "lr": lr, "tokens_per_sec": tokens_per_sec}
-    if isinstance(run.data, RecallData):
+    if run.data.scores_answers:
         record["val_accuracy"] = accuracy
-    progress.final_val_loss = val_loss
-    if step == 0:
-        progress.init_val_loss = val_loss
-    improved = math.isfinite(val_loss) and val_loss < progress.best_val_loss
-    if improved:
-        progress.best_val_loss, progress.best_step = val_loss, step
     if compute.rank == 0:
         record.update(attention_record(model, run.eval_batches["val"][0], compute.device))
-    return record, improved
+    return record
 
 
 @dataclass(frozen=True)
@@ -115,18 +105,19 @@ def window_starts(n_tokens: int, block_size: int, max_tokens: int | None) -> np.
 
 
 @torch.no_grad()
-def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_size: int,
-                    device: torch.device, autocast: AbstractContextManager,
-                    max_tokens: int | None = None, rank: int = 0, world: int = 1) -> FullEval:
+def full_split_loss(model: torch.nn.Module, tokens, shape: BatchShape,
+                    autocast: AbstractContextManager, max_tokens: int | None = None) -> FullEval:
     """Score every token of a split (a 1-D id array) once, in eval mode: window i reads
-    tokens[i*T : i*T + T] and predicts the next T, so each target has 1 to T tokens of context.
-    A mean per target, so it compares across batch sizes; a split of more than `max_tokens`
-    targets is scored on evenly spread windows (the same for every run). Rank r scores every
-    world-th window."""
+    tokens[i*T : i*T + T] (T = shape.block_size) and predicts the next T, so each target has 1 to
+    T tokens of context. A mean per target, so it compares across batch sizes; a split of more
+    than `max_tokens` targets is scored on evenly spread windows (the same for every run). Rank
+    r of shape.world scores every world-th window, shape.batch_size // world at a time."""
+    block_size, batch_size = shape.block_size, shape.batch_size // shape.world
+    device = next(model.parameters()).device
     n = len(tokens)
     if n < 2:
         raise ValueError(f"a split of {n} token(s) has no target to score")
-    mine = window_starts(n, block_size, max_tokens)[rank::world]
+    mine = window_starts(n, block_size, max_tokens)[shape.rank::shape.world]
     total = torch.zeros(2, dtype=torch.float64, device=device)   # (sum of losses, targets)
     with eval_mode(model):
         # Full windows go in batches; a short last window (at most one) goes alone.
@@ -139,9 +130,8 @@ def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_si
             batch = torch.from_numpy(rows).to(device)
             idx, targets = batch[:, :-1], batch[:, 1:]  # (B, length) each
             with autocast:
-                logits, _ = model(idx)
-            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                                        reduction="sum").double()
+                _, loss_sum = model(idx, targets, reduction="sum")
+            total[0] += loss_sum.double()
             total[1] += targets.numel()
     loss_sum, count = all_reduce_sum(total).tolist()
     return FullEval(loss_sum / count if count else math.nan, int(count), n - 1)
@@ -149,22 +139,19 @@ def full_split_loss(model: torch.nn.Module, tokens, *, block_size: int, batch_si
 
 def evaluate_full(run: Run) -> dict:
     """summary.json's *_full fields: the final weights on the whole validation split (at most
-    trainer.full_eval_tokens targets), or on the whole recall validation set with accuracy."""
+    trainer.full_eval_tokens targets), or on the whole validation set of a generated task, with
+    its accuracy."""
     compute, train_cfg = run.compute, run.config.train_cfg
-    if isinstance(run.data, RecallData):
-        batches = validation_batches(run.config.data_cfg, batch_size=train_cfg.batch_size,
-                                     rank=compute.rank, world_size=compute.world)
-        loss, accuracy, answers = estimate(run.state.model, batches, compute.autocast,
-                                           compute.device)
+    shape = BatchShape(train_cfg.batch_size, run.config.model_cfg.block_size, compute.rank,
+                       compute.world)
+    if run.data.scores_answers:
+        loss, accuracy, answers = estimate(run.state.model, run.data.whole_validation(shape),
+                                           compute.autocast, compute.device)
         return {"final_val_loss_full": loss, "final_val_bpb_full": None,
                 "full_eval_targets": answers, "full_eval_split_targets": answers,
                 "final_val_accuracy": accuracy}
-    full = full_split_loss(run.state.model, run.data.val,
-                           block_size=run.config.model_cfg.block_size,
-                           batch_size=max(1, train_cfg.batch_size // compute.world),
-                           device=compute.device, autocast=compute.autocast,
-                           max_tokens=train_cfg.full_eval_tokens, rank=compute.rank,
-                           world=compute.world)
+    full = full_split_loss(run.state.model, run.data.val, shape, compute.autocast,
+                           train_cfg.full_eval_tokens)
     return {"final_val_loss_full": full.loss, "final_val_bpb_full": val_bpb(run, full.loss),
             "full_eval_targets": full.targets, "full_eval_split_targets": full.split_targets}
 

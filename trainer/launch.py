@@ -1,67 +1,56 @@
-"""How a run is launched, stopped and continued: stop signals, the printed resume commands, and
-sweeps under Hydra's launchers (docs/training.md, "Resume" and "Parallel and cluster sweeps").
+"""Infrastructure: sweeps under Hydra's launchers, their stop and resume, and SLURM
+(docs/training.md, "Parallel and cluster sweeps"). No core module imports this file: the
+launcher configs name its callback (configs/hydra/callbacks/parallel_sweep.yaml), and train.py's
+entry builds a SweepJob for a job of a sweep (hydra.mode=MULTIRUN). This file is the one that
+reads Hydra's launcher state.
 
 `hydra/launcher=joblib` runs the jobs in joblib's worker processes, `n_jobs` at a time;
-`submitit_local|submitit_slurm` runs each as a submitit job. What reads Hydra's state is called
-from train.py's Hydra entry (and `build` through `jobs_at_once`) only.
+`submitit_local|submitit_slurm` runs each as a submitit job.
 """
 
 import io
+import math
 import multiprocessing as mp
 import os
 import shlex
 import signal
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import CompactHydraException, HydraException
 from hydra.experimental.callback import Callback
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from trainer.files import display_path
+from trainer.job import STOPS, Job
+from trainer.resume import hydra_quoted, python_launcher
+from trainer.run_dir import remove_if_unstarted
 
 # configs/hydra/launcher/*.yaml are checked against the plugins' schemas of the same name, which
 # Hydra 1.3 does with a deprecation warning in every process that composes the config; this
-# module is imported there first (train.py; a joblib worker unpickling ParallelSweep).
+# module is imported there first (the callback in the launching process; a joblib worker
+# unpickling ParallelSweep).
 warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/\w+' is validated against")
 
-STOPS = (signal.SIGINT, signal.SIGTERM)
 # A stopped sweep leaves this file (the signal number) in its folder; a job that starts while it
 # is there does not train, and the next launch of the sweep removes it.
 STOP_MARKER = ".stopped"
 WHOLE_SWEEP = "the whole sweep (finished jobs are skipped, the others continue or start)"
-# The first stop signal this process received (0: none), read by a job that starts after its
-# sweep was asked to stop and by the training loop when it came before the loop began.
+_stopped: list[Path] = []       # the sweep folder, once ParallelSweep stopped that sweep
+# The first stop signal this process received while it held them (0: none): a job's process
+# holds them from its start, so a stop that arrives before its training loop counts.
 _requested = 0
 _held: dict = {}                # the handlers hold_stop_signals replaced
-_stopped: list[Path] = []       # the sweep folder, once ParallelSweep stopped that sweep
-
-
-class Interrupted(Exception):
-    """A stop signal arrived: the step in flight finished and last.pt was written."""
-
-    def __init__(self, signum: int, step: int, checkpoint: Path):
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-
-
-class Diverged(Exception):
-    """The training loss became non-finite and trainer.on_nan=raise."""
-
-
-def preempt_signal() -> Optional[int]:
-    """The signal submitit sends before a job's time limit or on pre-emption; None outside."""
-    if not os.environ.get("SUBMITIT_EXECUTOR"):
-        return None
-    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
 
 
 def hold_stop_signals(react: Optional[Callable[[int], None]]) -> None:
     """Record SIGINT/SIGTERM instead of dying of them, calling react(signum) on the first; a
-    second SIGINT aborts (KeyboardInterrupt)."""
+    second SIGINT aborts (KeyboardInterrupt). release_stop_signals undoes it."""
     def handle(signum, frame):
         global _requested
         if not _requested:
@@ -74,71 +63,9 @@ def hold_stop_signals(react: Optional[Callable[[int], None]]) -> None:
         _held.setdefault(s, signal.signal(s, handle))
 
 
-class StopSignal:
-    """Turn SIGINT/SIGTERM (and a submitit job's time-limit signal) into a flag the loop reads
-    between steps; a second SIGINT aborts. A stop recorded before the loop began counts."""
-
-    def __enter__(self):
-        self.signum = _requested
-        signals = [*STOPS, *filter(None, [preempt_signal()])]
-        self.previous = {s: signal.signal(s, self.handle) for s in signals}
-        return self
-
-    def handle(self, signum, frame):
-        if self.signum and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = self.signum or signum
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-
-def shown(path: Path) -> str:
-    """`path` relative to the working directory when inside it, else absolute."""
-    inside = path.resolve().is_relative_to(Path.cwd().resolve())
-    return os.path.relpath(path) if inside else str(path)
-
-
-def overrides() -> list[str]:
-    """The command-line overrides of this run (empty when called outside Hydra's main)."""
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def hydra_quoted(value: str) -> str:
-    """A Hydra override value that may hold `=` and `,` (a sweep job's folder name)."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def python_launcher(script: str, world: int) -> list[str]:
-    return (["python", script] if world == 1 else
-            ["torchrun", "--standalone", f"--nproc_per_node={world}", script])
-
-
-def resume_commands(run_dir: Path, world: int, script: str,
-                    whole_sweep: bool = True) -> list[tuple[str, str]]:
-    """(what, shell command) pairs that continue this run: the job alone in its own folder
-    (hydra.mode=RUN: a preset's MULTIRUN would ignore hydra.run.dir; hydra.output_subdir=null
-    keeps the job's .hydra/) and, if whole_sweep, its sweep. `script` is train.py's path."""
-    hc = HydraConfig.get()
-    own = ("trainer.resume=", "hydra.mode=", "hydra.run.", "hydra.sweep.", "hydra.sweeper.",
-           "hydra.output_subdir=", "hydra/launcher=", "hydra.launcher.")
-    job = [*python_launcher(script, world),
-           *(o for o in [*hc.overrides.task, *hc.overrides.hydra] if not o.startswith(own)),
-           "trainer.resume=auto", "hydra.mode=RUN", "hydra.output_subdir=null",
-           f"hydra.run.dir={hydra_quoted(shown(run_dir))}"]
-    commands = [("this run", shlex.join(job))]
-    if hc.mode == RunMode.MULTIRUN and whole_sweep:
-        commands.append((WHOLE_SWEEP, sweep_command(Path(hc.sweep.dir), script, world)))
-    return commands
-
-
-def sweep_command(sweep_dir: Path, script: str, world: int = 1) -> str:
-    """This process's command line again (its launcher included) with trainer.resume=auto and
-    the sweep folder: it continues the whole sweep. Called in the process that launched it."""
-    again = [a for a in sys.argv[1:] if not a.startswith(("trainer.resume=", "hydra.sweep.dir="))]
-    return shlex.join([*python_launcher(script, world), *again, "trainer.resume=auto",
-                       f"hydra.sweep.dir={hydra_quoted(shown(sweep_dir))}"])
+def release_stop_signals() -> None:
+    while _held:
+        signal.signal(*_held.popitem())
 
 
 def launcher_name() -> str:
@@ -150,33 +77,110 @@ def launcher_name() -> str:
             "SlurmLauncher": "submitit_slurm"}.get(target.rsplit(".", 1)[-1], "basic")
 
 
-def is_sweep_job() -> bool:
-    """Whether this job is one of a sweep's (-m or a preset), not a single run."""
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def jobs_at_once() -> Optional[int]:
-    """How many jobs of this sweep train on this machine at once under hydra/launcher=joblib:
-    hydra.launcher.n_jobs (joblib's meaning: -1 every core, -2 all but one), at most the
-    sweep's size; None for a single run and any other launcher."""
-    if launcher_name() != "joblib" or not is_sweep_job():
+def preempt_signal() -> Optional[int]:
+    """The signal submitit sends before a job's time limit or on pre-emption; None outside."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
         return None
-    import joblib
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
 
-    hc = HydraConfig.get()
-    n_jobs = int(hc.launcher.n_jobs)
-    running = n_jobs if n_jobs > 0 else max(1, joblib.cpu_count() + 1 + n_jobs)
-    size = sweep_size(Path(hc.sweep.dir))
-    return max(1, min(running, size) if size else running)
+
+class JobFailed(CompactHydraException):
+    """A sweep job that did not finish: the launcher runs the others, then exits with code 1."""
+
+
+class SweepJob(Job):
+    """A job of a sweep (-m or a preset), under any of Hydra's launchers."""
+
+    def __init__(self, overrides: Sequence[str], hydra_overrides: Sequence[str]):
+        super().__init__(overrides, hydra_overrides)
+        self.launcher = launcher_name()
+        self.sweep_dir = Path(HydraConfig.get().sweep.dir)
+
+    def export_ranks(self) -> None:
+        """In a submitit job of several tasks (one per GPU), set torchrun's variables (RANK,
+        WORLD_SIZE, LOCAL_RANK, ...) from submitit's job environment: DDP runs as under
+        torchrun. Called before the processes join."""
+        if not self.launcher.startswith("submitit") or "RANK" in os.environ:
+            return
+        import submitit
+
+        if submitit.JobEnvironment().num_tasks > 1:
+            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+    def stop_signals(self) -> Sequence[int]:
+        return [*STOPS, *filter(None, [preempt_signal()])]
+
+    def stopped_before_loop(self) -> int:
+        return _requested
+
+    def jobs_at_once(self) -> Optional[int]:
+        """Under hydra/launcher=joblib: hydra.launcher.n_jobs (joblib's meaning: -1 every core,
+        -2 all but one), at most the sweep's size; None for any other launcher."""
+        if self.launcher != "joblib":
+            return None
+        import joblib
+
+        n_jobs = int(HydraConfig.get().launcher.n_jobs)
+        running = n_jobs if n_jobs > 0 else max(1, joblib.cpu_count() + 1 + n_jobs)
+        size = sweep_size(self.sweep_dir)
+        return max(1, min(running, size) if size else running)
+
+    def skip_if_stopped(self, run_dir: Path) -> None:
+        """A job that a parallel sweep starts after it was asked to stop does not train."""
+        signum = sweep_stopped(self.sweep_dir) if self.launcher != "basic" else 0
+        if signum:
+            remove_if_unstarted(run_dir)
+            print(f"not started: the sweep was stopped by {signal.Signals(signum).name} "
+                  f"({display_path(run_dir)})", file=sys.stderr)
+            self.end(128 + signum, run_dir)
+
+    def resume_commands(self, run_dir: Path, world: int, script: str) -> list[tuple[str, str]]:
+        """This run's command and, under the serial launcher (whose job is the launching
+        process), the whole sweep's; a parallel sweep's launching process prints that one."""
+        commands = super().resume_commands(run_dir, world, script)
+        if self.launcher == "basic":
+            commands.append((WHOLE_SWEEP, sweep_command(self.sweep_dir, script, world)))
+        return commands
+
+    def after_stop(self, signum: int, resume: Optional[str]) -> None:
+        """After a submitit job stopped on its time-limit signal: call submitit's handler, which
+        requeues the job and exits; only with trainer.resume=auto (else it would start over)."""
+        if signum != preempt_signal():
+            return
+        handler = signal.getsignal(signum)
+        if resume != "auto" or not callable(handler):
+            print("not requeued: set trainer.resume=auto so that a requeued job continues from "
+                  "its checkpoint", file=sys.stderr)
+            return
+        handler(signum, None)
+
+    def end(self, code: int, run_dir: Path) -> NoReturn:
+        """A stopped job of the serial launcher (which runs the whole sweep in this process)
+        exits with `code`; any other unfinished job raises JobFailed, and the sweep goes on."""
+        if self.launcher == "basic" and code > 128:
+            sys.exit(code)
+        what = (f"stopped by {signal.Signals(code - 128).name} (exit code {code}), as was every "
+                "job then running" if code > 128 else
+                f"failed with exit code {code} (its error is printed above); the sweep's other "
+                "jobs ran on")
+        raise JobFailed(f"sweep job {display_path(run_dir)} {what}. A job without summary.json did "
+                        "not finish: run the sweep again with trainer.resume=auto and its "
+                        "hydra.sweep.dir to continue it.")
+
+
+def sweep_command(sweep_dir: Path, script: str, world: int = 1) -> str:
+    """This process's command line again (its launcher included) with trainer.resume=auto and
+    the sweep folder: it continues the whole sweep. Called in the process that launched it."""
+    again = [a for a in sys.argv[1:] if not a.startswith(("trainer.resume=", "hydra.sweep.dir="))]
+    return shlex.join([*python_launcher(script, world), *again, "trainer.resume=auto",
+                       f"hydra.sweep.dir={hydra_quoted(display_path(sweep_dir))}"])
 
 
 def sweep_size(sweep_dir: Path) -> Optional[int]:
     """The number of jobs in the multirun.yaml Hydra's sweeper writes (the preset's
     hydra.sweeper.params, then the command line's overrides), as the basic sweeper expands
-    them; None if the file is missing or holds a sweep that needs the config loader (glob)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+    them: the product of each override's number of values. None if the file is missing or a
+    sweep needs the config loader to expand (a glob over a group's options)."""
     path = sweep_dir / "multirun.yaml"
     if not path.is_file():
         return None
@@ -185,8 +189,12 @@ def sweep_size(sweep_dir: Path) -> Optional[int]:
     arguments = [f"{k}={v}" for k, v in params.items()] + list(hydra_cfg.overrides.task)
     try:
         overrides = OverridesParser.create().parse_overrides(arguments)
-        return len(BasicSweeper.split_arguments(overrides, None)[0])
-    except Exception:
+        values = {}   # per key; a later override of a key replaces an earlier one
+        for override in overrides:
+            values[override.get_key_element()] = (
+                len(list(override.sweep_string_iterator())) if override.is_sweep_override() else 1)
+        return math.prod(values.values())
+    except HydraException:
         return None
 
 
@@ -211,7 +219,8 @@ class ParallelSweep(Callback):
     """Ctrl-C / SIGTERM for a sweep whose jobs run in other processes (a Hydra callback named
     in the launcher configs). The launching process records the first signal, writes the stop
     marker and sends SIGTERM on to the workers, whose running jobs write last.pt and stop; a
-    job's process records the signals too, so one that arrives before its loop counts."""
+    job's process records the signals too, so one that arrives before its loop counts. The
+    on_* methods keep the signature of Hydra's Callback (**kwargs: what Hydra passes)."""
 
     def __init__(self) -> None:
         self.sweep_dir: Optional[Path] = None
@@ -238,8 +247,7 @@ class ParallelSweep(Callback):
                     pass
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        while _held:   # the handlers hold_stop_signals replaced
-            signal.signal(*_held.popitem())
+        release_stop_signals()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if launcher_name() == "basic":   # the serial launcher's job is the launching process
@@ -275,62 +283,10 @@ class Labelled(io.TextIOBase):
         self.stream.flush()
 
 
-def stopped_sweep() -> Optional[Path]:
-    """The folder of the sweep this process launched and stopped on a signal, if it did."""
-    return _stopped[0] if _stopped else None
-
-
-class JobFailed(CompactHydraException):
-    """A sweep job that did not finish: the launcher runs the others, then exits with code 1."""
-
-
-def end_job(code: int, run_dir: Path) -> NoReturn:
-    """Leave an unfinished job: a single run, and a stopped job of the serial launcher (which
-    runs the whole sweep in this process), exit with `code`; a sweep job raises JobFailed."""
-    if not is_sweep_job() or (launcher_name() == "basic" and code > 128):
-        sys.exit(code)
-    what = (f"stopped by {signal.Signals(code - 128).name} (exit code {code}), as was every "
-            "job then running" if code > 128 else
-            f"failed with exit code {code} (its error is printed above); the sweep's other jobs "
-            "ran on")
-    raise JobFailed(f"sweep job {shown(run_dir)} {what}. A job without summary.json did not "
-                    "finish: run the sweep again with trainer.resume=auto and its "
-                    "hydra.sweep.dir to continue it.")
-
-
-def skip_if_sweep_stopped(run_dir: Path) -> None:
-    """A job that a parallel sweep starts after it was asked to stop does not train."""
-    if launcher_name() == "basic" or not is_sweep_job():
-        return
-    signum = sweep_stopped(Path(HydraConfig.get().sweep.dir))
-    if signum:
-        from trainer.run_dir import remove_if_unstarted  # run_dir imports build, build this
-
-        remove_if_unstarted(run_dir)
-        print(f"not started: the sweep was stopped by {signal.Signals(signum).name} "
-              f"({shown(run_dir)})", file=sys.stderr)
-        end_job(128 + signum, run_dir)
-
-
-def requeue_if_preempted(signum: int, resume: Optional[str]) -> None:
-    """After a submitit job stopped on its time-limit signal: call submitit's handler, which
-    requeues the job and exits; only with trainer.resume=auto (else the job would start over)."""
-    if signum != preempt_signal():
-        return
-    handler = signal.getsignal(signum)
-    if resume != "auto" or not callable(handler):
-        print("not requeued: set trainer.resume=auto so that a requeued job continues from "
-              "its checkpoint", file=sys.stderr)
-        return
-    handler(signum, None)
-
-
-def export_submitit_ranks() -> None:
-    """In a submitit job of several tasks (one per GPU), set torchrun's variables (RANK,
-    WORLD_SIZE, LOCAL_RANK, ...) from submitit's job environment: DDP runs as under torchrun."""
-    if not launcher_name().startswith("submitit") or "RANK" in os.environ:
-        return
-    import submitit
-
-    if submitit.JobEnvironment().num_tasks > 1:
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+def exit_if_stopped(script: str) -> None:
+    """In the process that launched a parallel sweep and stopped it on a signal: print the
+    command that resumes the whole sweep and exit with 128 + that signal."""
+    if _stopped:
+        print(f"Resume {WHOLE_SWEEP} with:\n  {sweep_command(_stopped[0], script)}",
+              file=sys.stderr)
+        sys.exit(128 + sweep_stopped(_stopped[0]))

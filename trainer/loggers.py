@@ -1,48 +1,27 @@
-"""Experiment loggers: `logger=none|tensorboard|wandb` mirrors the run's records elsewhere.
+"""Experiment loggers, an option: `logger=tensorboard|wandb` mirrors the run's records elsewhere.
 
-metrics.jsonl and summary.json stay the record of a run: RunDir (trainer/run_dir.py) hands the
-logger every record and the summary it writes, on rank 0 only, as scalars named by `tags`
-(`train/loss`, `attn/entropy/layer0/head1`, `summary/final_val_loss_full`), and the resolved
-config once per segment as hyperparameters. The packages are optional (`require`).
+metrics.jsonl and summary.json stay the record of a run: RunDir (trainer/run_dir.py) loads this
+module only when logger.name is not none, and hands the logger every record and the summary it
+writes, on rank 0 only, as scalars named by `tags` (`train/loss`, `attn/entropy/layer0/head1`,
+`summary/final_val_loss_full`), and the resolved config once per segment as hyperparameters. The
+packages are optional (`require`). A W&B run of a sweep's job is grouped by the sweep folder,
+which wandb_run reads from Hydra's state.
 """
 
 import importlib.util
 import math
 import os
+import re
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from model.errors import ConfigError, invalid
-from trainer.launch import is_sweep_job, shown
-from trainer.schema import flat
+from model.errors import ConfigError
+from trainer.files import display_path
+from trainer.schema import LoggerConfig, flat
 
-LOGGERS = ("none", "tensorboard", "wandb")
-WANDB_MODES = ("offline", "online", "disabled")
 # The pip requirement of each logger, as requirements-loggers.txt pins it.
 PACKAGES = {"tensorboard": "tensorboard==2.21.0", "wandb": "wandb==0.31.0"}
-
-
-@dataclass(frozen=True)
-class LoggerConfig:
-    """Where the records go besides metrics.jsonl (configs/logger/*.yaml)."""
-
-    name: str = "none"                 # none | tensorboard | wandb
-    project: str = "attnscale"         # wandb: the project the run is filed under
-    entity: Optional[str] = None       # wandb: team or user (null: the account's default)
-    # wandb: offline writes the run into the run folder with no account or network (upload it
-    # later with `wandb sync`); online needs `wandb login`; disabled makes wandb a no-op.
-    mode: str = "offline"
-
-    def __post_init__(self):
-        if self.name not in LOGGERS:
-            raise invalid("logger.name", self.name, f"choose {' | '.join(LOGGERS)} "
-                          "(or pick the option: logger=tensorboard).")
-        if self.mode not in WANDB_MODES:
-            raise invalid("logger.mode", self.mode, f"choose {' | '.join(WANDB_MODES)}.")
-        if not (isinstance(self.project, str) and self.project.strip()):
-            raise invalid("logger.project", self.project, "name a W&B project, e.g. attnscale.")
 
 
 def require(cfg: LoggerConfig) -> None:
@@ -66,19 +45,19 @@ def tags(record: dict, kind: Optional[str] = None) -> dict[str, float]:
         if key not in ("kind", "step"):
             prefix = ("attn" if key == "attn_heads" else "attn/" + key[len("attn_"):]
                       if key.startswith("attn_") else f"{kind}/{key}")
-            flatten(prefix, value, 0, out)
+            add_scalars(prefix, value, 0, out)
     return out
 
 
-def flatten(prefix: str, value: Any, depth: int, out: dict[str, float]) -> None:
+def add_scalars(prefix: str, value: Any, depth: int, out: dict[str, float]) -> None:
     """Scalars of `value` under `prefix` into `out` (see `tags`); `depth` counts the lists."""
     if isinstance(value, dict):
         for key, item in value.items():
-            flatten(f"{prefix}/{key}", item, depth, out)
+            add_scalars(f"{prefix}/{key}", item, depth, out)
     elif isinstance(value, (list, tuple)):
         level = ("layer", "head")[depth] if depth < 2 else f"index{depth}_"
         for i, item in enumerate(value):
-            flatten(f"{prefix}/{level}{i}", item, depth + 1, out)
+            add_scalars(f"{prefix}/{level}{i}", item, depth + 1, out)
     elif isinstance(value, (bool, int, float)):
         out[prefix] = float(value)
 
@@ -90,10 +69,10 @@ def hyperparameters(config: dict) -> dict[str, Any]:
             for k, v in flat(config).items()}
 
 
-class Mirror:
+class ExperimentLogger:
     """What RunDir calls: each record and the summary as scalars, into TensorBoard event files
     (<run dir>/tensorboard/) or a W&B run (<run dir>/wandb/; offline by default, `wandb sync`
-    uploads it); logger=none mirrors nothing."""
+    uploads it)."""
 
     def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict, start_step: int):
         require(cfg)
@@ -143,16 +122,19 @@ class Mirror:
 def wandb_run(cfg: LoggerConfig, run_dir: Path, config: dict):
     """A W&B run in <run dir>/wandb/, named by the run folder (in a sweep: the job's folder,
     grouped by the sweep folder). A resumed run keeps the id of its earlier segment, read from
-    the name of the folder wandb wrote (`offline-run-<time>-<id>`)."""
+    the name of the folder wandb wrote (`offline-run-<time>-<id>`, `-<n>` added when a segment
+    started in the same second as the one before)."""
     import wandb
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    earlier = sorted((run_dir / "wandb").glob("*run-*-*"))
-    run_id = earlier[-1].name.rsplit("-", 1)[-1] if earlier else uuid.uuid4().hex[:8]
-    names = {"name": shown(run_dir)}
-    if is_sweep_job():
+    earlier = [m[1] for f in sorted((run_dir / "wandb").glob("*run-*-*"))
+               if (m := re.search(r"run-\d{8}_\d{6}-([^-]+)", f.name))]
+    run_id = earlier[-1] if earlier else uuid.uuid4().hex[:8]
+    names = {"name": display_path(run_dir)}
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         sweep = Path(HydraConfig.get().sweep.dir)
-        names = {"name": os.path.relpath(run_dir, sweep), "group": shown(sweep)}
+        names = {"name": os.path.relpath(run_dir, sweep), "group": display_path(sweep)}
     try:
         return wandb.init(mode=cfg.mode, dir=str(run_dir), project=cfg.project,
                           entity=cfg.entity, config=config, id=run_id, resume="allow", **names)

@@ -6,7 +6,7 @@
     summary.json    written once, when the run ends (or diverges)
     tokenizer.json  the tokenizer the run used;  samples.txt: continuations of the prompts
     checkpoints/    last.pt (every trainer.ckpt_every steps and at the end), best.pt
-    tensorboard/, wandb/   the experiment logger's files (trainer/loggers.py)
+    tensorboard/, wandb/   the experiment logger's files (trainer/loggers.py, an option)
 
 Files are replaced atomically (a temporary file, fsync, rename): a run killed at any moment
 leaves either the old or the new checkpoint, never half of one.
@@ -22,36 +22,16 @@ import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.recall import RecallData
 from model.errors import UserError
 from trainer.build import Run
-from trainer.loggers import LoggerConfig, Mirror
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Call write(file) on a temporary file next to `path`, fsync it, then rename it over."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def write_json(path: Path, obj: dict) -> None:
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
-
+from trainer.files import atomic_write, read_metrics, write_json
+from trainer.schema import LoggerConfig
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "run.json", "checkpoints/last.pt")
 
@@ -85,25 +65,6 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The records of metrics.jsonl. A last line that is not JSON was torn by a kill in the
-    middle of a write and is dropped (its step is redone on resume); a bad line anywhere else
-    is damage this code did not make, and is reported."""
-    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            records += [json.loads(line)] if line.strip() else []
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break
-            raise UserError(f"{path} line {number} is not JSON, and it is not the last line "
-                            "(only a last line can be torn by an interrupted write). Repair "
-                            "or delete that line, or start a new run without trainer.resume."
-                            ) from None
-    return records
-
-
 class RunDir:
     """The run directory as the loop writes it, on rank 0 only. Opening it prints what is about
     to run, adds this segment to run.json, copies tokenizer.json and opens metrics.jsonl
@@ -118,8 +79,11 @@ class RunDir:
             return
         print(start_line(run, resumed_from))
         path.mkdir(parents=True, exist_ok=True)
-        self.logger = Mirror(LoggerConfig(**run.config.resolved.get("logger", {})), path,
-                             run.config.resolved, run.state.progress.step)
+        logger_cfg = LoggerConfig(**run.config.resolved.get("logger", {}))
+        if logger_cfg.name != "none":
+            from trainer.loggers import ExperimentLogger  # an option, loaded when named
+            self.logger = ExperimentLogger(logger_cfg, path, run.config.resolved,
+                                           run.state.progress.step)
         metrics = path / "metrics.jsonl"
         if resumed_from and metrics.exists():   # drop the records of steps past the checkpoint
             kept = [json.dumps(r) + "\n" for r in read_metrics(metrics)
@@ -136,7 +100,8 @@ class RunDir:
         """One line of metrics.jsonl."""
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
-            self.logger.record(record)
+            if self.logger:
+                self.logger.record(record)
 
     def say(self, line: str) -> None:
         """One line on the terminal, above the progress bar."""
@@ -149,12 +114,14 @@ class RunDir:
             record = json.loads((self.path / "run.json").read_text())
             record["segments"][-1].update(ended_at=now(), end_step=step, ended=ended)
             write_json(self.path / "run.json", record)
-            self.logger.close()
+            if self.logger:
+                self.logger.close()
 
     def write_summary(self, summary: dict) -> None:
         if self.writes:
             write_json(self.path / "summary.json", summary)
-            self.logger.summary(summary)
+            if self.logger:
+                self.logger.summary(summary)
 
     def __enter__(self) -> "RunDir":
         return self
@@ -173,9 +140,7 @@ def now() -> str:
 def start_line(run: Run, resumed_from: Optional[Path]) -> str:
     """What is about to run: data, model size, device, precision, threads, processes."""
     data, compute, train_cfg = run.data, run.compute, run.config.train_cfg
-    sizes = (data.describe() if isinstance(data, RecallData) else
-             f"{len(data.train):,} train / {len(data.val):,} val tokens, vocab {data.vocab_size}")
-    return (f"data {run.config.data_cfg.name}: {sizes}; "
+    return (f"data {run.config.data_cfg.name}: {data.describe()}; "
             f"model {run.state.model.num_params() / 1e6:.2f}M parameters, "
             f"attention {run.state.model.attention_name}; "
             f"{compute.device} {compute.precision}, {torch.get_num_threads()} thread(s)"
@@ -243,8 +208,8 @@ def summarize(run: Run, step: int, tokens_per_sec: Optional[float], diverged: bo
                "wall_s": p.wall_s,
                **{k: full.get(k) for k in ("final_val_loss_full", "final_val_bpb_full",
                                            "full_eval_targets", "full_eval_split_targets")},
-               # recall only: other data have no accuracy field (docs/training.md)
+               # a generated task only: other data have no accuracy field (docs/training.md)
                **({"final_val_accuracy": full.get("final_val_accuracy")}
-                  if isinstance(run.data, RecallData) else {})}
+                  if run.data.scores_answers else {})}
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in summary.items()}

@@ -1,4 +1,5 @@
-"""Training configs (optim, trainer), the typed Hydra schema and the check of group overrides.
+"""Training configs (optim, trainer, logger) and the typed Hydra schema (the check of the
+command line's group overrides: trainer/overrides.py).
 
 The frozen dataclasses (these, GPTConfig, ScalingConfig, DataConfig) validate themselves and
 hold the defaults; a file in configs/<group>/ states only what its option changes. Hydra merges
@@ -9,17 +10,20 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from model.errors import ConfigError, check_positive_int, invalid
+from data.config import DataConfig
+from model.config import GPTConfig, ScalingConfig
+from model.errors import check_positive_int, invalid
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+AUTOCAST = ("fp32", "bf16", "fp16")   # trainer/build.py maps them to autocast dtypes
+PRECISIONS = ("auto", *AUTOCAST)
+LOGGERS = ("none", "tensorboard", "wandb")
+WANDB_MODES = ("offline", "online", "disabled")
 ON_NAN = ("stop", "raise")
-HYDRA_GROUPS = ("hydra/launcher",)   # Hydra's own groups whose options a user picks
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,27 @@ class TrainerConfig:
                           "use null (score the whole validation split) or a positive token count.")
 
 
+@dataclass(frozen=True)
+class LoggerConfig:
+    """Where the records go besides metrics.jsonl (configs/logger/*.yaml)."""
+
+    name: str = "none"                 # none | tensorboard | wandb
+    project: str = "attnscale"         # wandb: the project the run is filed under
+    entity: Optional[str] = None       # wandb: team or user (null: the account's default)
+    # wandb: offline writes the run into the run folder with no account or network (upload it
+    # later with `wandb sync`); online needs `wandb login`; disabled makes wandb a no-op.
+    mode: str = "offline"
+
+    def __post_init__(self):
+        if self.name not in LOGGERS:
+            raise invalid("logger.name", self.name, f"choose {' | '.join(LOGGERS)} "
+                          "(or pick the option: logger=tensorboard).")
+        if self.mode not in WANDB_MODES:
+            raise invalid("logger.mode", self.mode, f"choose {' | '.join(WANDB_MODES)}.")
+        if not (isinstance(self.project, str) and self.project.strip()):
+            raise invalid("logger.project", self.project, "name a W&B project, e.g. attnscale.")
+
+
 def hydra_schema(cls: type, exclude: tuple[str, ...] = ()) -> type:
     """A mutable dataclass with `cls`'s fields (names, types, defaults) minus `exclude`: Hydra
     merges into it (a frozen one makes OmegaConf's node read-only)."""
@@ -125,13 +150,6 @@ def flat(config: dict, prefix: str = "") -> dict:
 
 def register_configs() -> None:
     """Store the schema `config_schema` that configs/config.yaml lists first in its defaults."""
-    from hydra.core.config_store import ConfigStore
-
-    from data.config import DataConfig
-    from model.attention import ScalingConfig
-    from model.gpt import GPTConfig
-    from trainer.loggers import LoggerConfig
-
     # vocab_size comes from the tokenizer; scaling is its own group at the top level.
     groups = {"model": hydra_schema(GPTConfig, exclude=("vocab_size", "scaling")),
               "data": hydra_schema(DataConfig), "scaling": hydra_schema(ScalingConfig),
@@ -141,48 +159,3 @@ def register_configs() -> None:
         "Config", [(name, schema, field(default_factory=schema))
                    for name, schema in groups.items()])
     ConfigStore.instance().store(name="config_schema", node=config)
-
-
-def check_group_overrides(args: list[str], config_dir: Path = CONFIGS) -> None:
-    """ConfigError naming the group and its options for an override that gives a config group
-    (configs/<group>/, hydra/launcher) null, an empty value or an option it does not have, each
-    value of a sweep included; Hydra's own message names neither. Deletions (`~group`), globs
-    and interpolations are left to Hydra."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.object_type import ObjectType
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import Glob
-    from hydra.errors import HydraException
-
-    groups = {*(p.name for p in config_dir.iterdir() if p.is_dir() and p.name != "hydra"),
-              *HYDRA_GROUPS}
-    parser = OverridesParser.create()
-    for arg in args:
-        try:
-            override = parser.parse_override(arg)
-        except HydraException:   # not an override Hydra can read: its own message says why
-            continue
-        group = override.key_or_group
-        if group not in groups or override.is_delete():
-            continue
-        value = override.value()   # a sweep: its ChoiceSweep, RangeSweep or Glob
-        if isinstance(value, Glob):   # matched against the options by Hydra itself
-            continue
-        values = (list(override.sweep_iterator()) if override.is_sweep_override()
-                  else value if isinstance(value, list) else [value])
-        with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
-            # the options Hydra composes: the files, and for hydra/launcher the plugins' too
-            options = GlobalHydra.instance().config_loader().get_group_options(
-                group, results_filter=ObjectType.CONFIG)
-        for value in values:
-            if not (isinstance(value, str) and (value in options or value.startswith("${"))):
-                given = ("an option, not null" if value is None else "an option, not an empty "
-                         "value" if value == "" else f"one of its options; {value!r} is not one")
-                where = f"the files in configs/{group}/" + (
-                    " and the installed Hydra plugins" if group in HYDRA_GROUPS else "")
-                tail = (" Leave experiment out (or write ~experiment) to train without a preset."
-                        if group == "experiment" else "")
-                raise ConfigError(f"{arg}: the config group `{group}` needs {given}. Its options "
-                                  f"({where}): {', '.join(options) or 'none'}; pick one as "
-                                  f"{group}=NAME.{tail}")

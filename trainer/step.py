@@ -12,7 +12,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.batching import Batch
-from model.gpt import IGNORE_INDEX
+from model.config import IGNORE_INDEX
 from trainer.build import Compute, TrainState, all_reduce_sum
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from model.diagnostics import SATURATION_THRESHOLD
+from model.config import SATURATION_THRESHOLD
 from scripts.report import stats as st
 from scripts.report.runs import (
     SOLVED_ACCURACY,
@@ -112,9 +114,21 @@ def panels(groups: dict) -> list[list[tuple[str, list]]]:
              for c in cols] for r in rows]
 
 
-def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
-                    zoom: bool = False, zero_line: bool = False, levels=None,
-                    bounds=None) -> None:
+@dataclass(frozen=True)
+class YAxis:
+    """What the y axis of a small-multiples figure shows, and how."""
+
+    label: str
+    title: str                    # the figure's title (the seeds note is added below it)
+    zoom: bool = False            # y zoomed on the late part of training (zoom_losses)
+    zero_line: bool = False       # a line at 0 (for differences)
+    bounds: Optional[tuple[float, float]] = None   # the quantity's range; bands clipped to it
+
+
+def small_multiples(groups, series_of, y: YAxis, path: Path, levels=None) -> None:
+    """One panel per setting (panels), one line per scale: the mean over seeds of
+    series_of(run) with its 95% band; `levels`: reference lines drawn in every panel."""
+    ylabel, title, bounds = y.label, y.title, y.bounds
     grid = panels(groups)
     n_cols = max(len(row) for row in grid)
     fig, axes = plt.subplots(len(grid), n_cols, figsize=(max(3.6 * n_cols + 0.6, 8.0),
@@ -141,13 +155,13 @@ def small_multiples(groups, series_of, ylabel: str, title: str, path: Path,
                     draw(ax, agg, v, f"{v} (n={len(runs)})" if mixed_n else v, bounds)
             ax.set_title(title_ij, fontsize=9)
             ax.grid(alpha=0.3)
-            if zero_line:
+            if y.zero_line:
                 ax.axhline(0.0, color="k", lw=0.8)
             ax.set_xlabel("step")
             ax.xaxis.set_tick_params(labelbottom=True)  # a panel may have none below it
             if j == 0:
                 ax.set_ylabel(ylabel)
-    if zoom:
+    if y.zoom:
         zoom_losses(axes.flat[0], groups, series_of)
     if bounds is not None:   # the axes are shared
         pad = 0.04 * (bounds[1] - bounds[0])
@@ -221,9 +235,9 @@ def reference_lines(ax, levels: dict[str, float]) -> None:
 def plot_losses(groups, path: Path, note: str, levels=None) -> None:
     """Validation loss per setting; `levels`: the n-gram reference levels to draw, if any."""
     small_multiples(groups, lambda r: eval_series(r, "val_loss", None),
-                    "val loss (nats)", f"Validation loss on the sampled batches{note};"
-                    f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training", path,
-                    zoom=True, levels=levels)
+                    YAxis("val loss (nats)", f"Validation loss on the sampled batches{note};"
+                          f" y zoomed on the last {1 - ZOOM_FROM:.0%} of training", zoom=True),
+                    path, levels)
 
 
 def plot_accuracy(groups, path: Path, note: str) -> bool:
@@ -238,10 +252,10 @@ def plot_accuracy(groups, path: Path, note: str) -> bool:
     chance = {r.chance_accuracy for runs in recall.values() for r in runs}
     if len(chance) == 1 and None not in chance:
         lines["chance"] = chance.pop()
-    small_multiples(recall, lambda r: eval_series(r, "val_accuracy", None), "val accuracy",
-                    f"Validation accuracy on the sampled batches{note}; solved: first"
-                    f" evaluation at >= {SOLVED_ACCURACY:g}; bands clipped to [0, 1]", path,
-                    levels=lines, bounds=(0.0, 1.0))
+    small_multiples(recall, lambda r: eval_series(r, "val_accuracy", None),
+                    YAxis("val accuracy", f"Validation accuracy on the sampled batches{note};"
+                          f" solved: first evaluation at >= {SOLVED_ACCURACY:g}; bands clipped"
+                          " to [0, 1]", bounds=(0.0, 1.0)), path, levels=lines)
     return True
 
 
@@ -263,9 +277,10 @@ def plot_vs_baseline(groups, baseline: str, path: Path, note: str) -> None:
     others = {k: g for k, g in groups.items() if k[0][1] != baseline
               and any(difference(r)[0] for r in g)}
     if others:
-        small_multiples(others, difference, f"val loss − {baseline} (nats)",
-                        f"Val loss minus {baseline}'s at the same seed and step{note};"
-                        f" below 0 = lower than {baseline}", path, zero_line=True)
+        small_multiples(others, difference,
+                        YAxis(f"val loss − {baseline} (nats)", f"Val loss minus {baseline}'s at"
+                              f" the same seed and step{note}; below 0 = lower than"
+                              f" {baseline}", zero_line=True), path)
 
 
 def reducer(how: str):

@@ -37,10 +37,9 @@ import numpy as np
 import yaml
 
 from data.config import DataConfig
-from data.prepare import PreparedData, prepare
+from data.prepare import PreparedData, bits_per_byte, prepare
 from model.errors import DataError, UserError
-from trainer.evaluate import bits_per_byte
-from trainer.run_dir import write_json
+from trainer.files import write_json
 
 ORDERS = {1: "unigram", 2: "bigram", 3: "trigram"}
 K_GRID = tuple(float(k) for k in np.logspace(-4, 1, 26))  # add-k candidates, 10^-4 .. 10
@@ -273,9 +272,9 @@ def levels_of_runs(run_dirs: list[Path]) -> tuple[dict[str, float] | None, str]:
 
 def levels_line(levels: dict[str, float]) -> str:
     """The sentence results.md prints above each table."""
-    shown = ", ".join(f"{name} {value:.4f}" for name, value in levels.items())
+    listed = ", ".join(f"{name} {value:.4f}" for name, value in levels.items())
     return (f"Reference levels (nats/token on the whole validation split; add-k n-gram counts"
-            f" of the training split, `python scripts/baselines.py`): {shown}.")
+            f" of the training split, `python scripts/baselines.py`): {listed}.")
 
 
 def above_every_table(markdown: str, line: str) -> str:

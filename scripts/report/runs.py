@@ -22,9 +22,9 @@ from typing import Optional
 
 import yaml
 
-from model.attention import SCALINGS
+from model.config import SCALINGS
 from model.errors import UserError
-from trainer.run_dir import read_metrics
+from trainer.files import read_metrics
 
 LR_KEY = "optim.lr"
 SEED_KEY = "trainer.seed"
@@ -39,7 +39,7 @@ EXECUTION_KEYS = ("trainer.threads", "trainer.resume")
 
 
 @dataclass
-class Run:
+class RunRecord:
     path: Path
     overrides: dict  # key -> value string, as written on the command line (seed included)
     variant: str
@@ -204,8 +204,8 @@ def _read_json(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def load_run(run_dir: Path) -> tuple[Optional[Run], Optional[str]]:
-    """A Run, or (None, why it was skipped). metrics.jsonl is read by train.py's own rule: a
+def load_run(run_dir: Path) -> tuple[Optional[RunRecord], Optional[str]]:
+    """A RunRecord, or (None, why it was skipped). metrics.jsonl is read by train.py's own rule: a
     torn last line (a job caught mid-write) is dropped, a bad line before it skips the run."""
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists():
@@ -224,11 +224,11 @@ def load_run(run_dir: Path) -> tuple[Optional[Run], Optional[str]]:
     variant = overrides.get(VARIANT_KEY) or _lookup(
         info, ("config", "scaling", "name"), ("model_config", "scaling", "name")) or "unknown"
     train = [r for r in records if r.get("kind") == "train"]
-    return Run(run_dir, overrides, str(variant), train, evals,
+    return RunRecord(run_dir, overrides, str(variant), train, evals,
                _read_json(run_dir / "summary.json"), info), None
 
 
-def load_runs(roots: list[Path]) -> tuple[list[Run], list[str]]:
+def load_runs(roots: list[Path]) -> tuple[list[RunRecord], list[str]]:
     """All runs under the roots, and the skipped ones ("path: reason")."""
     runs, skipped = [], []
     for root in roots:
@@ -250,7 +250,7 @@ def is_seed_key(key: str) -> bool:
     return key == "seed" or key.endswith(".seed")
 
 
-def varying_keys(runs: list[Run]) -> list[str]:
+def varying_keys(runs: list[RunRecord]) -> list[str]:
     """Override keys (seed excluded) whose value differs between runs, in a stable order."""
     keys = sorted({k for r in runs for k in r.overrides if not is_seed_key(k)})
     return [k for k in keys if len({r.setting(k) for r in runs}) > 1]
@@ -281,11 +281,11 @@ def variant_order(variant: str):
     return (variant_rank(variant), variant)
 
 
-def group_runs(runs: list[Run], drop: tuple = ()) -> dict[tuple, list[Run]]:
+def group_runs(runs: list[RunRecord], drop: tuple = ()) -> dict[tuple, list[RunRecord]]:
     """Group key: (("scaling", variant), (key, value), ...) over the varying keys not in drop,
     ordered by variant, then by the values of the other keys."""
     keys = [k for k in varying_keys(runs) if k != VARIANT_KEY and k not in drop]
-    groups: dict[tuple, list[Run]] = {}
+    groups: dict[tuple, list[RunRecord]] = {}
     for r in runs:
         key = ((VARIANT_KEY, r.variant),) + tuple((k, r.setting(k)) for k in keys)
         groups.setdefault(key, []).append(r)
@@ -307,7 +307,7 @@ def label(pairs, default: str = "", short: bool = False) -> str:
     return text or default
 
 
-def eval_series(run: Run, name: str, reduce) -> tuple[list, list]:
+def eval_series(run: RunRecord, name: str, reduce) -> tuple[list, list]:
     """(steps, values) of an eval-record field; a per-layer list is reduced by `reduce`."""
     steps, values = [], []
     for e in run.evals:
@@ -319,7 +319,7 @@ def eval_series(run: Run, name: str, reduce) -> tuple[list, list]:
     return steps, values
 
 
-def record_series(run: Run, name: str) -> tuple[list, list]:
+def record_series(run: RunRecord, name: str) -> tuple[list, list]:
     """(steps, values) of a scalar field from the train records, else from the eval records
     (the q/k gradient norms are logged with the train records)."""
     for records in (run.train, run.evals):

@@ -36,7 +36,7 @@ from typing import Optional
 
 from model.errors import UserError
 from scripts.report import stats as st
-from scripts.report.runs import SEED_KEY, VARIANT_KEY, Run, is_seed_key
+from scripts.report.runs import SEED_KEY, VARIANT_KEY, RunRecord, is_seed_key
 from scripts.report.tables import DIAGNOSTICS, layer_value
 
 FINAL = ("final_val_loss_full", "final_val_loss", "init_val_loss", "failed",
@@ -50,7 +50,7 @@ OPTIONAL = ("steps_to_90", "last_val_accuracy")  # columns a reader does not req
 REF_PREFIX = "ref_"
 
 
-def swept_keys(runs: list[Run]) -> list[str]:
+def swept_keys(runs: list[RunRecord]) -> list[str]:
     """Every override key of the runs, `scaling` first and the seed always, then the others in
     alphabetical order."""
     keys = sorted({k for r in runs for k in r.overrides} - {VARIANT_KEY})
@@ -71,7 +71,7 @@ def diagnostics(record: dict) -> list[Optional[float]]:
     return [layer_value(record, name, how) for name, _, how in DIAGNOSTICS]
 
 
-def row_of(run: Run, keys: list[str], which: str, levels: Optional[dict]) -> list[str]:
+def row_of(run: RunRecord, keys: list[str], which: str, levels: Optional[dict]) -> list[str]:
     settings = [run.variant if k == VARIANT_KEY else run.setting(k) for k in keys]
     steps = run.summary_value("steps")
     final = [run.summary_value("final_val_loss_full"), run.final_val_loss_sampled,
@@ -88,7 +88,7 @@ def row_of(run: Run, keys: list[str], which: str, levels: Optional[dict]) -> lis
             *map(number, [*final, *evals, *refs])]
 
 
-def write_runs_csv(runs: list[Run], path: Path, which: str, levels: Optional[dict]) -> None:
+def write_runs_csv(runs: list[RunRecord], path: Path, which: str, levels: Optional[dict]) -> None:
     keys = swept_keys(runs)
     refs = [REF_PREFIX + name for name in (levels or {})]
     with open(path, "w", newline="") as f:
@@ -99,8 +99,8 @@ def write_runs_csv(runs: list[Run], path: Path, which: str, levels: Optional[dic
 
 
 @dataclass
-class CsvRun(Run):
-    """A run rebuilt from its row of runs.csv: the numbers Run derives from the run folder's
+class CsvRun(RunRecord):
+    """A run rebuilt from its row of runs.csv: the numbers RunRecord derives from the run folder's
     records are read from the row instead (and the eval records hold the layer-combined
     statistics as one-element lists, which the tables combine back to the same value)."""
 
@@ -145,7 +145,7 @@ def parse(text: str, column: str, line: int, path: Path):
                         " sweep folders rather than editing it by hand.") from None
 
 
-def read_runs_csv(path: Path) -> tuple[list[Run], Optional[dict]]:
+def read_runs_csv(path: Path) -> tuple[list[RunRecord], Optional[dict]]:
     """The runs of a runs.csv and the reference levels it was judged against (None if absent).
     A file that is not such a CSV raises a UserError naming the file and what is wrong."""
     if not path.is_file():
@@ -181,7 +181,7 @@ def csv_run(row: dict, keys: list[str], values: dict) -> CsvRun:
     overrides = {k: row[k] for k in keys if k != VARIANT_KEY}
     first = {"step": values["first_eval_step"]}
     last = {"step": values["last_eval_step"]}
-    if values.get("last_val_accuracy") is not None:   # a recall run: Run.recall reads it
+    if values.get("last_val_accuracy") is not None:   # a recall run: RunRecord.recall reads it
         last["val_accuracy"] = values["last_val_accuracy"]
     for name in ATTN:
         for record, column in ((first, f"first_{name}"), (last, name)):

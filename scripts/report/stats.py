@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from scipy import stats as scipy_stats
+import numpy as np
+from scipy import special
 
-from scripts.report.runs import LR_KEY, Run, group_runs
+from scripts.report.runs import LR_KEY, RunRecord, group_runs
 
 LEVEL = 0.95
 ALPHA = 1 - LEVEL  # a Holm-adjusted p below this resolves a paired difference
@@ -62,8 +62,9 @@ class Interval:
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p for Student's t with df degrees of freedom."""
-    return float(scipy_stats.t.ppf(p, df))
+    """The t with P(T <= t) = p for Student's t with df degrees of freedom (what
+    scipy.stats.t.ppf computes, without importing scipy.stats: a second of start-up)."""
+    return float(special.stdtrit(df, p))
 
 
 def mean_interval(values: list[float]) -> Optional[Interval]:
@@ -89,15 +90,18 @@ def paired_difference(a: dict, b: dict) -> Optional[Interval]:
 
 
 def paired_p(a: dict, b: dict) -> Optional[float]:
-    """Two-sided p of the paired t-test (scipy.stats.ttest_rel) of a against b over their
-    common seeds; None below two pairs. Differences all exactly 0 give t = 0/0: p = 1 (no
-    evidence of a difference)."""
+    """Two-sided p of the paired t-test of a against b over their common seeds, computed as
+    scipy.stats.ttest_rel does; None below two pairs. Differences all exactly 0 give t = 0/0:
+    p = 1 (no evidence of a difference)."""
     seeds = common_seeds(a, b)
     if len(seeds) < 2:
         return None
-    with warnings.catch_warnings():  # near-equal pairs: SciPy warns of lost precision
-        warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(scipy_stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
+    d = np.array([a[s] - b[s] for s in seeds], dtype=np.float64)
+    n, mean = len(d), np.mean(d)
+    var = np.mean((d - mean) ** 2) * (n / (n - 1))   # ddof 1, in ttest_rel's order of operations
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = mean / np.sqrt(var / n)
+    p = float(2 * special.stdtr(n - 1, -abs(t)))
     return 1.0 if math.isnan(p) else p
 
 
@@ -155,7 +159,7 @@ def _finite(x) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def final_loss(run: Run, which: str) -> Optional[float]:
+def final_loss(run: RunRecord, which: str) -> Optional[float]:
     """The run's final val loss of kind `which` (LOSSES); None when the run lacks the field,
     NaN when it diverged."""
     if run.diverged:
@@ -165,7 +169,7 @@ def final_loss(run: Run, which: str) -> Optional[float]:
     return run.summary_value(LOSSES[which][0])
 
 
-def failure(run: Run, which: str, levels: Optional[dict]) -> Optional[str]:
+def failure(run: RunRecord, which: str, levels: Optional[dict]) -> Optional[str]:
     """Why the run failed, or None. A run fails when its loss is non-finite (diverged), or its
     final loss of kind `which` is above the unigram reference level (levels["unigram"], nats
     per token; the rule is skipped when levels is None) or above its own step-0 loss. A run
@@ -183,7 +187,7 @@ def failure(run: Run, which: str, levels: Optional[dict]) -> Optional[str]:
     return None
 
 
-def by_seed(runs: list[Run], value: Callable[[Run], Optional[float]]) -> dict:
+def by_seed(runs: list[RunRecord], value: Callable[[RunRecord], Optional[float]]) -> dict:
     """seed -> value over the runs that have one (the first run of a seed counts)."""
     out = {}
     for r in runs:
@@ -198,7 +202,7 @@ def by_seed(runs: list[Run], value: Callable[[Run], Optional[float]]) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def clipped_loss(run: Run, which: str) -> Optional[float]:
+def clipped_loss(run: RunRecord, which: str) -> Optional[float]:
     """min(final loss, loss at init), a diverged run counting as its loss at init (Wortsman et
     al. 2023); None when the run lacks the loss or has no loss at init."""
     init = run.loss_at_init
@@ -208,7 +212,7 @@ def clipped_loss(run: Run, which: str) -> Optional[float]:
     return init if not math.isfinite(loss) else min(loss, init)
 
 
-def lr_table(runs: list[Run], which: str) -> dict[float, dict]:
+def lr_table(runs: list[RunRecord], which: str) -> dict[float, dict]:
     """lr -> {seed: clipped loss} for one variant at one setting, LRs in increasing order."""
     table: dict[float, dict] = {}
     for r in sorted(runs, key=lambda r: r.lr):
@@ -303,7 +307,7 @@ def only_seeds(table: dict[float, dict], keep) -> dict[float, dict]:
     return {lr: {s: v for s, v in seeds.items() if test(s)} for lr, seeds in table.items()}
 
 
-def matching_runs(groups: dict[tuple, list[Run]], run: Run) -> list[Run]:
+def matching_runs(groups: dict[tuple, list[RunRecord]], run: RunRecord) -> list[RunRecord]:
     """The runs of the group (of another set of runs) whose variant and settings are run's:
     every (key, value) of that group's key is the run's setting of that key."""
     for key, runs in groups.items():
@@ -312,7 +316,7 @@ def matching_runs(groups: dict[tuple, list[Run]], run: Run) -> list[Run]:
     return []
 
 
-def held_out(lr_runs: list[Run], which: str, plan: Plan) -> dict[tuple, dict]:
+def held_out(lr_runs: list[RunRecord], which: str, plan: Plan) -> dict[tuple, dict]:
     """Group key without the LR -> {"best": best_lr of the selection (None if it has no loss),
     "chosen": {seed: LR its loss is read at}, "runs": the runs read, "loss": {seed: clipped
     loss at the chosen LR}}. Every reported seed's LR was chosen without that seed's runs."""

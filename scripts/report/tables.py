@@ -11,6 +11,7 @@ token ({"unigram": ..., "bigram": ..., "trigram": ...}) or None.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 from scripts.report import stats as st
@@ -18,7 +19,7 @@ from scripts.report.runs import (
     LR_KEY,
     SOLVED_ACCURACY,
     VARIANT_KEY,
-    Run,
+    RunRecord,
     group_runs,
     label,
     setting_of,
@@ -56,7 +57,7 @@ def cell_n(iv: Optional[st.Interval], digits: int = 4) -> str:
     return cell(iv, digits) + (f" (n={iv.n})" if iv is not None and iv.half is not None else "")
 
 
-def loss_cell(ok: list[Run], which: str) -> str:
+def loss_cell(ok: list[RunRecord], which: str) -> str:
     """Interval of the final loss over the runs that did not fail, or why there is none."""
     values = [st.final_loss(r, which) for r in ok]
     missing = sum(v is None for v in values)
@@ -68,7 +69,7 @@ def loss_cell(ok: list[Run], which: str) -> str:
     return "n/a (all failed)" if iv is None else cell_n(iv)
 
 
-def results_table(groups: dict[tuple, list[Run]], which: str, levels: Optional[dict],
+def results_table(groups: dict[tuple, list[RunRecord]], which: str, levels: Optional[dict],
                   recall: bool = False) -> list[str]:
     name = st.LOSSES[which][1]
     extra = which != "sampled"
@@ -105,13 +106,13 @@ def failed_rule(which: str, levels: Optional[dict], recall: bool = False) -> str
             " Means and intervals are over the runs that did not fail.")
 
 
-def failed_runs(runs: list[Run], which: str, levels: Optional[dict]) -> list[str]:
+def failed_runs(runs: list[RunRecord], which: str, levels: Optional[dict]) -> list[str]:
     """One line per failed run: its folder and why."""
     why = [(r, st.failure(r, which, levels)) for r in runs]
     return [f"- {r.path}: {reason}" for r, reason in why if reason] or ["- none"]
 
 
-def recall_table(groups: dict[tuple, list[Run]], which: str) -> list[str]:
+def recall_table(groups: dict[tuple, list[RunRecord]], which: str) -> list[str]:
     """Per group of data=recall runs: steps to SOLVED_ACCURACY over the runs that got there,
     the finished runs that never did, final accuracy and loss over every finished run."""
     threshold = f"{SOLVED_ACCURACY:g}"
@@ -150,7 +151,7 @@ def recall_cell(values: list[Optional[float]]) -> str:
     return text + (f" ({lacking} without a finite value)" if lacking and iv is not None else "")
 
 
-def steps_cell(runs: list[Run]) -> str:
+def steps_cell(runs: list[RunRecord]) -> str:
     """The horizon: the steps the runs ran (summary.json), or reached so far (last eval)."""
     steps = sorted({int(r.summary_value("steps") if r.summary_value("steps") is not None
                         else r.evals[-1].get("step", 0)) for r in runs})
@@ -207,7 +208,7 @@ def layer_value(record: dict, name: str, how: str) -> Optional[float]:
     return max(values) if how == "max" else sum(values) / len(values)
 
 
-def diagnostics_table(groups: dict[tuple, list[Run]], pick: int, title: str) -> list[str]:
+def diagnostics_table(groups: dict[tuple, list[RunRecord]], pick: int, title: str) -> list[str]:
     """Attention statistics at one evaluation of each run (0: first, -1: last)."""
     names = [heading for _, heading, _ in DIAGNOSTICS]
     lines = [f"### {title}", "",
@@ -226,7 +227,7 @@ def diagnostics_table(groups: dict[tuple, list[Run]], pick: int, title: str) -> 
     return lines
 
 
-def lr_section(runs: list[Run], which: str, baseline: str, levels: Optional[dict],
+def lr_section(runs: list[RunRecord], which: str, baseline: str, levels: Optional[dict],
                plan: st.Plan) -> list[str]:
     """Best LR, loss at it on held-out seeds, LR sensitivity per variant and setting, and the
     paired differences of the last two against the baseline at each setting."""
@@ -271,7 +272,7 @@ def seeds_text(seeds) -> str:
     return ", ".join(sorted(seeds, key=lambda s: (len(str(s)), str(s))))
 
 
-def selection_caption(plan: st.Plan, runs: list[Run]) -> str:
+def selection_caption(plan: st.Plan, runs: list[RunRecord]) -> str:
     """Which seeds chose the LR and which seeds its loss is read on."""
     report = {r.seed for r in runs if plan.reports(r.seed)}
     if plan.leave_one_out:
@@ -318,13 +319,27 @@ def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str
     return lines
 
 
-def markdown_report(read: str, runs, groups, skipped, notes, which: str, baseline: str,
-                    lr_runs: Optional[list[Run]], pairs: tuple = (),
-                    levels: Optional[dict] = None, plan: Optional[st.Plan] = None) -> str:
-    """results.md: results, paired differences against the baseline scale and against each
-    (key, value) of pairs, attention statistics, LR analysis if the runs vary optim.lr
-    (lr_runs), then what failed, was still running, skipped or odd. `read` says what was read
-    (the sweep folders, or runs.csv)."""
+@dataclass(frozen=True)
+class Reading:
+    """How a report reads its runs: the loss (st.LOSSES), the scale differences are paired
+    against and any further (key, value) references, the n-gram reference levels, and the
+    seeds that choose an LR and those it is reported on."""
+
+    which: str
+    baseline: str
+    pairs: tuple = ()
+    levels: Optional[dict] = None
+    plan: Optional[st.Plan] = None
+
+
+def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
+                    reading: Reading) -> str:
+    """results.md's analyses: results, paired differences against the baseline scale and
+    against each (key, value) of reading.pairs, attention statistics, the LR analysis if the
+    runs vary optim.lr (lr_runs). `read` says what was read (the sweep folders, or runs.csv);
+    `appendix` adds what failed, was still running, skipped or odd."""
+    which, baseline, pairs, levels, plan = (reading.which, reading.baseline, reading.pairs,
+                                            reading.levels, reading.plan)
     field, name = st.LOSSES[which]
     lines = ["# Sweep results", "", read, "",
              f"Loss: {name} (`{field}` in summary.json), over the runs of a group that did not"
@@ -360,7 +375,12 @@ def markdown_report(read: str, runs, groups, skipped, notes, which: str, baselin
                   " LRs that fail. `(grid edge)`: the best LR is the smallest or largest tried,"
                   " so the optimum may lie outside the grid.", ""]
         lines += lr_section(lr_runs, which, baseline, levels, plan or st.Plan())
-    lines += ["", "## Failed runs", ""] + failed_runs(runs, which, levels)
+    return "\n".join(lines) + "\n"
+
+
+def appendix(runs, reading: Reading, skipped: list[str], notes: list[str]) -> str:
+    """The end of results.md: the failed runs, those still running, what was skipped, notes."""
+    lines = ["", "## Failed runs", ""] + failed_runs(runs, reading.which, reading.levels)
     partial = [r for r in runs if r.partial]
     if partial:
         lines += ["", "## Still running (no summary.json)", ""]

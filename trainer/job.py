@@ -1,0 +1,87 @@
+"""How a run stops and ends: stop signals, exit codes and the command that resumes it
+(docs/training.md, "Resume").
+
+SIGINT/SIGTERM become a flag the loop reads between steps: the step in flight finishes, last.pt
+is written, and the process exits with 128 + the signal number after printing how to resume.
+`Job` is a run started on its own (`python train.py`, torchrun); a sweep's job does some of
+this differently (trainer/launch.py, the infrastructure, subclasses it; train.py picks it). The
+resume command is built by trainer/resume.py.
+"""
+
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn, Optional
+
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(Exception):
+    """A stop signal arrived: the step in flight finished and last.pt was written."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+
+class Diverged(Exception):
+    """The training loss became non-finite and trainer.on_nan=raise."""
+
+
+class StopSignal:
+    """Turn the stop signals `signals` into a flag the loop reads between steps; a second
+    SIGINT aborts. `before`: a stop signal that arrived before the loop began (0: none)."""
+
+    def __init__(self, signals: Sequence[int] = STOPS, before: int = 0):
+        self.signals, self.before = signals, before
+
+    def __enter__(self):
+        self.signum = self.before
+        self.previous = {s: signal.signal(s, self.handle) for s in self.signals}
+        return self
+
+    def handle(self, signum, frame):
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+class Job:
+    """A run started on its own. `overrides`: its command line's config overrides (run.json
+    records them); `hydra_overrides`: Hydra's own (hydra.*). The resume command repeats both."""
+
+    def __init__(self, overrides: Sequence[str] = (), hydra_overrides: Sequence[str] = ()):
+        self.overrides, self.hydra_overrides = list(overrides), list(hydra_overrides)
+
+    def stop_signals(self) -> Sequence[int]:
+        """The signals that stop the training loop after its current step."""
+        return STOPS
+
+    def stopped_before_loop(self) -> int:
+        """A stop signal this process received before its training loop began (0: none)."""
+        return 0
+
+    def jobs_at_once(self) -> Optional[int]:
+        """How many jobs share this machine's cores (trainer.threads=auto); None: this one."""
+        return None
+
+    def skip_if_stopped(self, run_dir: Path) -> None:
+        """End the job before it trains if its sweep was stopped (a single run never is)."""
+
+    def resume_commands(self, run_dir: Path, world: int, script: str) -> list[tuple[str, str]]:
+        """(what, shell command) pairs that continue this run (trainer/resume.py)."""
+        from trainer.resume import run_command  # only a stopped run prints one
+        return [("this run", run_command(run_dir, world, script,
+                                          [*self.overrides, *self.hydra_overrides]))]
+
+    def after_stop(self, signum: int, resume: Optional[str]) -> None:
+        """What a stopped run does before it exits (a cluster job may requeue itself)."""
+
+    def end(self, code: int, run_dir: Path) -> NoReturn:
+        """Leave an unfinished run with exit code `code`."""
+        sys.exit(code)

@@ -1,0 +1,137 @@
+"""Resuming a run from its last.pt (trainer.resume=auto or a path; docs/training.md, "Resume"),
+and the command that does it: loaded only when trainer.resume is set or a run was stopped. A
+resumed run continues bit-identically: every piece of state the next step depends on is
+restored, and the settings must match the checkpoint's except those that only say how long, how
+often, where and how fast.
+"""
+
+import json
+import random
+import re
+import shlex
+from dataclasses import fields
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from hydra.utils import to_absolute_path
+
+from model.errors import UserError
+from trainer.build import Progress, Run
+from trainer.checkpoint import CheckpointError, read
+from trainer.files import display_path
+from trainer.schema import LoggerConfig, flat
+
+# Settings that may differ between a checkpoint and the run resuming from it: how long to
+# train, how often to look, where and how fast to compute, what to sample at the end, where the
+# records are mirrored. Every other key of the config must match.
+MAY_CHANGE_ON_RESUME = (
+    "trainer.max_steps", "trainer.eval_every", "trainer.log_every", "trainer.ckpt_every",
+    "trainer.device", "trainer.threads", "trainer.compile", "trainer.precision",
+    "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
+    "trainer.sample_temperature", "trainer.sample_top_k", "trainer.full_eval_tokens",
+    "data.cache_dir", "model.attn_impl", *(f"logger.{f.name}" for f in fields(LoggerConfig)))
+
+
+def hydra_quoted(value: str) -> str:
+    """A Hydra override value that may hold `=` and `,` (a sweep job's folder name), quoted.
+    In a quoted value Hydra reads a backslash as an escape only before a quote or the closing
+    quote: those backslashes are doubled and the quotes escaped; any other stays as it is."""
+    return '"' + re.sub(r'(\\*)("|$)', lambda m: m[1] * 2 + ("\\" + m[2] if m[2] else ""),
+                        value) + '"'
+
+
+def python_launcher(script: str, world: int) -> list[str]:
+    return (["python", script] if world == 1 else
+            ["torchrun", "--standalone", f"--nproc_per_node={world}", script])
+
+
+def run_command(run_dir: Path, world: int, script: str, overrides: list[str]) -> str:
+    """The shell command that continues the run in run_dir alone, in its own folder, with the
+    `overrides` it was started with (hydra.mode=RUN: a preset's MULTIRUN would ignore
+    hydra.run.dir; hydra.output_subdir=null keeps the job's .hydra/). `script`: train.py."""
+    own = ("trainer.resume=", "hydra.mode=", "hydra.run.", "hydra.sweep.", "hydra.sweeper.",
+           "hydra.output_subdir=", "hydra/launcher=", "hydra.launcher.")
+    given = [o for o in overrides if not o.startswith(own)]
+    return shlex.join([*python_launcher(script, world), *given, "trainer.resume=auto",
+                       "hydra.mode=RUN", "hydra.output_subdir=null",
+                       f"hydra.run.dir={hydra_quoted(display_path(run_dir))}"])
+
+
+def resume_path(resume: Optional[str], run_dir: Path) -> Optional[Path]:
+    """trainer.resume: null (fresh), auto (run_dir's last.pt if any), or a checkpoint path."""
+    if resume == "auto":
+        path = run_dir / "checkpoints" / "last.pt"
+        return path if path.exists() else None
+    return None if resume is None else Path(to_absolute_path(resume))
+
+
+def restore(run: Run, path: Path) -> None:
+    """Load every piece of state the next step depends on from a last.pt checkpoint."""
+    try:
+        ckpt = read(path)
+    except CheckpointError as err:
+        raise UserError(f"Cannot resume from {err.path} (trainer.resume="
+                        f"{run.config.train_cfg.resume}): {err.problem} Resume from "
+                        "checkpoints/last.pt of a run trained by this version of train.py, or "
+                        "start a new run without trainer.resume.") from None
+    check_resumable(ckpt, run.config.resolved, run.config.model_cfg.vocab_size, path)
+    compute, state = run.compute, run.state
+    state.model.load_state_dict(ckpt["model"])
+    state.optimizer.load_state_dict(ckpt["optimizer"])
+    state.scheduler.load_state_dict(ckpt["scheduler"])
+    if ckpt["scaler"]:   # empty when saved without fp16 (a disabled scaler has no state)
+        state.scaler.load_state_dict(ckpt["scaler"])
+    state.batcher.load_state_dict(ckpt["sampler"])
+    state.progress = Progress(**{f.name: ckpt[f.name] for f in fields(Progress)})
+    rngs = ckpt["rng"]   # one per process; a run resumed on another process count uses the first
+    set_rng_state(rngs[compute.rank] if len(rngs) == compute.world else rngs[0], compute.device)
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what `rng_state` saved; a saved CUDA stream goes to this process's device."""
+    random.setstate((state["python_version"], tuple(state["python"].tolist()),
+                     state["python_gauss"]))
+    has_gauss, gauss = state["numpy_gauss"]
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32),
+                         state["numpy_pos"], has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def check_resumable(ckpt: dict, config: dict, vocab_size: int, path: Path) -> None:
+    """Refuse to resume from `ckpt` into a run whose settings differ, naming the keys."""
+    if "optimizer" not in ckpt:
+        raise UserError(f"Cannot resume from {path}: it holds weights only (a best.pt); "
+                        "resume from checkpoints/last.pt, which holds the whole training state.")
+    # the vocabulary size is not a setting but follows from the data's tokenizer
+    saved = {**flat(ckpt["config"]), "model.vocab_size": ckpt["model_config"]["vocab_size"]}
+    now = {**flat(config), "model.vocab_size": vocab_size}
+    diff = [k for k in sorted(saved.keys() | now.keys())
+            if k not in MAY_CHANGE_ON_RESUME and saved.get(k) != now.get(k)]
+    if diff:
+        listed = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in diff)
+        raise UserError(f"Cannot resume from {path}: the settings differ from the checkpoint's "
+                        f"({listed}). Resume with the checkpoint's settings, or start a new run "
+                        f"without trainer.resume. Only {', '.join(MAY_CHANGE_ON_RESUME)} may "
+                        "change on resume.")
+
+
+def finished(step: int, max_steps: int, run_dir: Path, rank: int) -> bool:
+    """Whether a resumed run has nothing left to do (its checkpoint is at trainer.max_steps, or
+    its summary.json says it diverged); rank 0 says why."""
+    summary = run_dir / "summary.json"
+    if step >= max_steps:
+        reason = (f"its checkpoint is at step {step} and trainer.max_steps={max_steps}; raise "
+                  "trainer.max_steps to train it further")
+    elif summary.is_file() and json.loads(summary.read_text()).get("diverged"):
+        reason = ("it diverged (summary.json); start a new run, e.g. with a lower optim.lr, to "
+                  "try again")
+    else:
+        return False
+    if rank == 0:
+        print(f"Nothing to do: the run in {run_dir} is finished ({reason}). Its files are left "
+              "as they are.")
+    return True
