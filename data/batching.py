@@ -66,7 +66,9 @@ class TrainingData(Protocol):
     eot_id: int
     tokenizer_path: Optional[Path]   # copied into the run directory; None: ids are not text
     meta: dict                       # run.json's "data"
-    scores_answers: bool             # targets are answers: evaluations report accuracy
+    # targets are answers: evaluations report accuracy, and the final score reads the whole
+    # fixed validation set from whole_validation(shape) (RecallData) instead of a token split
+    scores_answers: bool
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids) -> str: ...
