@@ -126,23 +126,35 @@ class Comparison:
     diff: Optional[Interval]
     p: Optional[float]
     p_holm: Optional[float]
+    identical: bool = False   # every pair equal: the same runs twice, not a test
 
     @property
     def resolved(self) -> bool:
         return self.p_holm is not None and self.p_holm < ALPHA
 
 
+def identical(a: dict, b: dict) -> bool:
+    """Whether a and b are equal at each of at least two common seeds: the same runs read twice (uniform
+    attention at two q/k initialisations, which it never uses), one observation and not two."""
+    seeds = common_seeds(a, b)
+    return len(seeds) >= 2 and all(a[s] == b[s] for s in seeds)   # one pair is untested anyway
+
+
 def family(pairs: list[tuple[dict, dict]]) -> list[Comparison]:
-    """The comparisons a - b ({seed: value} each) of one table, Holm-adjusted together."""
-    ps = [paired_p(a, b) for a, b in pairs]
-    return [Comparison(paired_difference(a, b), p, adjusted)
-            for (a, b), p, adjusted in zip(pairs, ps, holm(ps))]
+    """The comparisons a - b ({seed: value} each) of one table, Holm-adjusted together. A pair
+    of identical runs is not tested and not counted in the family's size."""
+    same = [identical(a, b) for a, b in pairs]
+    ps = [None if s else paired_p(a, b) for (a, b), s in zip(pairs, same)]
+    return [Comparison(paired_difference(a, b), p, adjusted, s)
+            for (a, b), p, adjusted, s in zip(pairs, ps, holm(ps), same)]
 
 
 def verdict(c: Comparison, lower: str = "lower", higher: str = "higher") -> str:
     """What a paired comparison supports: `lower`, `higher`, or not resolved (and why)."""
     if c.diff is None:
         return "not resolved (no pairs)"
+    if c.identical:
+        return "identical runs (not a test)"
     if c.diff.half is None:
         return "not resolved (n=1)"
     if not c.resolved:

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from model.config import SATURATION_THRESHOLD
 from scripts.report import stats as st
 from scripts.report.runs import (
     LR_KEY,
@@ -190,9 +191,12 @@ def paired_table(values: dict[tuple, dict], ref: tuple, what: str) -> list[str]:
         lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
                      f" | {cell(c.diff)} | {p_cell(c.p)} | {p_cell(c.p_holm)} | {reading} |")
     tested = sum(c.p is not None for _, _, c in rows)
-    untested = len(rows) - tested
+    same = sum(c.identical for _, _, c in rows)
+    untested = len(rows) - tested - same
     return lines + ["", f"Family: {tested} paired t-tests, Holm-adjusted together"
                     + (f"; {untested} more without two pairs, untested" if untested else "")
+                    + (f"; {same} of identical runs (every pair equal), not tests and not"
+                       " counted" if same else "")
                     + f". Resolved: Holm p < {st.ALPHA:g}."]
 
 
@@ -227,6 +231,9 @@ def diagnostics_table(groups: dict[tuple, list[RunRecord]], pick: int, title: st
     return lines
 
 
+ONE_LR = "one LR: not defined"
+
+
 def lr_section(runs: list[RunRecord], which: str, baseline: str, levels: Optional[dict],
                plan: st.Plan) -> list[str]:
     """Best LR, loss at it on held-out seeds, LR sensitivity per variant and setting, and the
@@ -246,23 +253,31 @@ def lr_section(runs: list[RunRecord], which: str, baseline: str, levels: Optiona
         failed = sum(st.failure(r, which, levels) is not None for r in variants[key])
         grid = st.mean_interval(list(st.grid_mean_by_seed(table).values()))
         sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
+        sens_text = cell_n(sens) if len(table) > 1 else ONE_LR
         if best is None:
             lines.append(f"| {label(key)} | {len(table)} | n/a: no selection run has a"
                          f" {st.LOSSES[which][0]} and a loss at init | | | |"
-                         f" {cell_n(grid)} | {cell_n(sens)} | {failed} |")
+                         f" {cell_n(grid)} | {sens_text} | {failed} |")
             continue
         tied = ", ".join(f"{lr:g}" for lr in best["tied"]) or "none"
         read = st.mean_interval(list(held["loss"].values()))
         lines.append(f"| {label(key)} | {len(table)} | {lr_text(best['lr'], held['grid'])}"
                      f" | {tied} | {cell_n(read)} | {chosen_text(held)} | {cell_n(grid)}"
-                     f" | {cell_n(sens)} | {failed} |")
+                     f" | {sens_text} | {failed} |")
     best_loss = {key: held["loss"] for key, held in chosen.items()}
-    sens_seed = {key: st.sensitivity_by_seed(table) for key, table in summaries.items()}
+    # a one-LR group's sensitivity is 0 by construction: it is compared with nothing
+    sens_seed = {key: st.sensitivity_by_seed(table) for key, table in summaries.items()
+                 if len(table) > 1}
     lines += ["", "Loss at each variant's own chosen LR on the held-out seeds, paired by seed"
               f" against `{baseline}` at the same setting:", ""]
     lines += paired_table(best_loss, (VARIANT_KEY, baseline), "loss at chosen LR")
-    lines += ["", f"LR sensitivity, paired by seed against `{baseline}`:", ""]
-    lines += paired_table(sens_seed, (VARIANT_KEY, baseline), "LR sensitivity")
+    if sens_seed:
+        lines += ["", f"LR sensitivity, paired by seed against `{baseline}` (the groups with"
+                  " more than one LR):", ""]
+        lines += paired_table(sens_seed, (VARIANT_KEY, baseline), "LR sensitivity")
+    else:
+        lines += ["", "LR sensitivity: not compared. Every group ran one LR in this sweep, where"
+                  " the sensitivity is 0 by construction (`one LR` above)."]
     lines += ["", "Mean clipped final loss per learning rate (a diverged run counts as its loss"
               " at init; `failed` = runs that failed):", ""]
     return lines + lr_grid(variants, summaries, which, levels)
@@ -360,8 +375,11 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
                   f" {st.ALPHA:g}.", ""] + paired_table(values, ref, name)
     lines += ["", "## Attention statistics", "",
               "Entropy, saturated-row fraction and raw variance: mean over layers; max logits:"
-              " max over layers. Scaled = the logit softmax sees; raw = q.k before the scale.",
-              ""]
+              " max over layers. Scaled = the logit softmax sees; raw = q.k before the scale."
+              f" Saturated rows (largest weight above {SATURATION_THRESHOLD}) include each"
+              " sequence's first query row, which sees one key and puts all its weight on it:"
+              " the share has a floor of 1/T for T = model.block_size (0.0104 at the recall"
+              " task's 96, 0.0156 at the default 64); read it against that floor.", ""]
     lines += diagnostics_table(groups, 0, "First evaluation") + [""]
     lines += diagnostics_table(groups, -1, "Last evaluation")
     if lr_runs:

@@ -539,6 +539,22 @@ def test_lr_chosen_on_an_earlier_stage(lr_report, tmp_path, capsys, tables_only)
     assert "do not vary optim.lr" in capsys.readouterr().err
 
 
+def test_one_lr_groups_get_no_lr_sensitivity(lr_report, tmp_path, tables_only):
+    """A stage 2 that runs each scale at its one chosen LR: the sensitivity (mean over the grid
+    minus its minimum) is 0 by construction there, so it is neither reported nor compared."""
+    stage2 = tmp_path / "stage2"
+    for scaling, lr in (("sqrt_dk", 0.01), ("none", 0.01), ("qk_norm", 0.1)):
+        for seed in (4, 5, 6):
+            make_run(stage2, ["model.d_head=16", f"optim.lr={lr}", f"scaling={scaling}",
+                              f"trainer.seed={seed}"], [INIT, 3.0, 2.5], full=2.0 + 0.01 * seed)
+    out = tmp_path / "out"
+    assert report_in_process(stage2, "--out", out, "--select-from", lr_report / "runs.csv") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert table_row(lr_part, "scaling=none")[7] == "one LR: not defined"
+    assert "LR sensitivity, paired" not in lr_part
+    assert "LR sensitivity: not compared. Every group ran one LR" in lr_part
+
+
 def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp_path):
     """One seed leaves nothing to hold out: the report still names each variant's best LR and
     draws its curves there, saying that the LR was chosen on the runs drawn."""

@@ -114,6 +114,20 @@ def test_family_resolves_only_below_the_holm_threshold():
     assert st.verdict(three[0]) == "not resolved (Holm p >= 0.05)"
 
 
+def test_identical_runs_are_not_a_test_and_not_counted_in_the_family():
+    """uniform attention never uses q and k, so its runs at two q/k initialisations are the
+    same runs: their 'difference' is one observation read twice, not evidence of no effect."""
+    same = {"1": 4.84, "2": 4.83, "3": 4.85}
+    base = {"1": 0.0, "2": 0.0, "3": 0.0}
+    group = {"1": 0.10, "2": 0.20, "3": 0.14}
+    twin, real = st.family([(same, dict(same)), (group, base)])
+    assert twin.identical and twin.p is None and twin.p_holm is None
+    assert st.verdict(twin) == "identical runs (not a test)"
+    (alone,) = st.family([(group, base)])
+    assert real.p_holm == pytest.approx(alone.p)   # m = 1: the twin is not counted
+    assert not st.identical({"1": 2.0}, {"1": 2.0})   # one pair: untested, not "identical"
+
+
 def fake_run(lr, seed, loss, *, init=4.0, diverged=False, full=True):
     summary = {"final_val_loss": loss, "diverged": diverged}
     if full:

@@ -169,3 +169,20 @@ def test_recall_selection_stage_is_d_head_64_init_002_on_other_seeds_over_a_fact
     assert select.model == report.model and select.optim == report.optim
     assert select.trainer == report.trainer   # chosen at the reported horizon
     assert sweep_values(select, "scaling") == RECALL_SCALES
+
+
+def test_recall_headline_is_an_lr_grid_a_factor_2_apart_on_the_headline_cell():
+    """The cell recall_scaling resolved (none at d_head 256, unit-variance q and k), with
+    sqrt_dk beside it, on LRs a factor 2 apart from 9.6e-2 down to at most 1e-4."""
+    cfg = compose_preset("recall_headline")
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweep.dir.startswith("multirun/recall_headline/")
+    assert sweep_values(cfg, "trainer.seed") == ["1", "2"]
+    assert sweep_values(cfg, "model.d_head") == ["256"]
+    assert sweep_values(cfg, "model.qk_init_std") == ["0.125"]
+    assert sweep_values(cfg, "scaling") == ["none", "sqrt_dk"]
+    lrs = sorted(float(v) for v in sweep_values(cfg, "optim.lr"))
+    assert lrs[-1] == 9.6e-2 and lrs[0] <= 1e-4 and 1.2e-2 in lrs
+    assert all(math.isclose(b / a, 2.0) for a, b in zip(lrs, lrs[1:]))
+    assert (cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.optim.min_lr) == (600, 25, 0.0)
+    assert header("recall_headline")[1].startswith("# python train.py experiment=recall_headline")
