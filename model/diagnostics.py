@@ -20,10 +20,13 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
     key; entries: their allowed keys. Raw scores q.k come before the scale and soft-cap, so scales
     compare: unit-variance q, k give Var(q.k) = d_head, raw_var 1 (docs/scaling.md).
         entropy        mean over real rows of -sum_j w_j log w_j (nats)
+        entropy_norm   mean over real rows with at least 2 keys of the entropy / ln(their
+                       number of allowed keys): 1 = uniform, 0 = one-hot (Wortsman et al. 2023)
         saturated      fraction of real rows whose largest weight exceeds SATURATION_THRESHOLD
         max_logit      max |logit| over entries (after the scale and soft-cap)
         raw_var        Var(q.k) / d_head over entries (divisor n)
         raw_max_logit  max |q.k| over entries
+        q_norm, k_norm mean L2 norm of q (real rows) and k (real tokens) over D
     """
     B, H, T, D = q.shape
     rows = torch.ones(B, H, T, 1, dtype=torch.bool, device=q.device)  # (B, H, T, 1)
@@ -37,6 +40,11 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
     w = weights.detach().float()
     row_entropy = torch.special.entr(w).sum(dim=-1, keepdim=True)  # (B, H, T, 1); entr(0) = 0
     row_saturated = w.amax(dim=-1, keepdim=True) > SATURATION_THRESHOLD  # (B, H, T, 1)
+    keys = entries.sum(dim=-1, keepdim=True)  # (B, H, T, 1) allowed keys per row
+    wide = rows & (keys >= 2)  # rows that could spread their weight: ln(keys) > 0
+    row_norm_entropy = row_entropy / keys.clamp(min=2).log()  # (B, H, T, 1)
+    tokens = rows if valid_mask is None else valid_mask[:, None, :, None].expand_as(rows)
+    q_len, k_len = (t.detach().float().norm(dim=-1, keepdim=True) for t in (q, k))  # (B,H,T,1)
     with torch.autocast(q.device.type, enabled=False):  # float32 whatever the caller runs in
         raw = q.detach().float() @ k.detach().float().transpose(-2, -1)  # (B, H, T, T)
     raw = raw.masked_fill(~entries, 0.0)
@@ -44,6 +52,10 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
     raw_dev = (raw - raw_mean[:, None, None]).masked_fill(~entries, 0.0)  # (B, H, T, T)
     return {
         "entropy": (row_entropy * rows).sum(dim=(0, 2, 3)) / n_rows,
+        "entropy_norm": (row_norm_entropy * wide).sum(dim=(0, 2, 3))
+        / wide.sum(dim=(0, 2, 3)).clamp(min=1),
+        "q_norm": (q_len * rows).sum(dim=(0, 2, 3)) / n_rows,
+        "k_norm": (k_len * tokens).sum(dim=(0, 2, 3)) / tokens.sum(dim=(0, 2, 3)).clamp(min=1),
         "max_logit": logits.detach().float().abs().masked_fill(~entries, 0.0).amax(dim=(0, 2, 3)),
         "saturated": (row_saturated & rows).sum(dim=(0, 2, 3)) / n_rows,
         "raw_var": raw_dev.square().sum(dim=(0, 2, 3)) / n_entries / D,

@@ -629,6 +629,8 @@ def test_stats_on_uniform_causal_attention():
     assert info.stats["entropy"] == pytest.approx([sum(entropies) / 8] * 3, rel=1e-6)
     assert info.stats["saturated"] == pytest.approx([2 / 8] * 3)  # the single-key rows
     assert info.stats["max_logit"].tolist() == [0.0, 0.0, 0.0]
+    # entropy / ln(keys) over the 6 rows with 2 keys or more: 1 for uniform attention
+    assert info.stats["entropy_norm"] == pytest.approx([1.0] * 3, rel=1e-6)
 
 
 def test_stats_match_returned_weights_with_padding():
@@ -644,8 +646,8 @@ def test_stats_match_returned_weights_with_padding():
     assert info.stats["saturated"] == pytest.approx((w.amax(-1) > 0.99).float().mean(-1))
     assert (info.stats["saturated"] > 0).any()
     assert {k: v.shape for k, v in info.stats.items()} == {
-        "entropy": (3,), "max_logit": (3,), "saturated": (3,), "raw_var": (3,),
-        "raw_max_logit": (3,)}
+        "entropy": (3,), "entropy_norm": (3,), "max_logit": (3,), "saturated": (3,),
+        "raw_var": (3,), "raw_max_logit": (3,), "q_norm": (3,), "k_norm": (3,)}
 
 
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])
@@ -698,14 +700,23 @@ def stats_by_hand(mha, x, valid, allowed):
     """Every statistic per head, from the raw scores and logits computed by hand."""
     with torch.no_grad():
         raw, logits = logits_by_hand(mha, x)
+        q, k = qk_by_hand(mha, x)  # (B, H, T, D)
     weights = logits.masked_fill(~allowed, float("-inf")).softmax(-1)  # (B, H, T, T)
     rows = valid & allowed[:, 0].any(-1)  # (B, T) real query rows
     entries = allowed[:, 0] & rows[..., None]  # (B, T, T)
-    out = {key: [] for key in ("entropy", "max_logit", "saturated", "raw_var", "raw_max_logit")}
+    n_keys = entries.sum(-1)  # (B, T)
+    wide = rows & (n_keys >= 2)  # rows whose entropy can be normalised
+    out = {key: [] for key in ("entropy", "entropy_norm", "max_logit", "saturated", "raw_var",
+                               "raw_max_logit", "q_norm", "k_norm")}
     for h in range(mha.n_head):
         w = weights[:, h][rows]  # (real rows, T)
         r, lg = raw[:, h][entries], logits[:, h][entries]  # (entries,)
         out["entropy"].append(-(w * w.clamp_min(1e-300).log()).sum(-1).mean())
+        ww = weights[:, h][wide]  # (wide rows, T)
+        out["entropy_norm"].append((-(ww * ww.clamp_min(1e-300).log()).sum(-1)
+                                    / n_keys[wide].double().log()).mean())
+        out["q_norm"].append(q[:, h][rows].norm(dim=-1).mean())
+        out["k_norm"].append(k[:, h][valid].norm(dim=-1).mean())
         out["saturated"].append((w.amax(-1) > 0.99).double().mean())
         out["max_logit"].append(lg.abs().max())
         out["raw_var"].append(((r - r.mean()) ** 2).mean() / mha.d_head)

@@ -14,7 +14,8 @@ from trainer.evaluate import attention_record
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 T, H, D = 6, 3, 4
-KEYS = ("entropy", "max_logit", "saturated", "raw_var", "raw_max_logit")
+KEYS = ("entropy", "entropy_norm", "max_logit", "saturated", "raw_var", "raw_max_logit",
+        "q_norm", "k_norm")
 
 
 def hand_made_model(scaling="learned"):
@@ -47,12 +48,16 @@ def test_attn_heads_per_layer_per_head_by_hand():
     for layer, head in ((0, 0), (1, 2)):
         assert heads["entropy"][layer][head] == pytest.approx(uniform, rel=1e-6)
         assert heads["saturated"][layer][head] == pytest.approx(1 / T)  # the one-key row
+        assert heads["entropy_norm"][layer][head] == pytest.approx(1.0, rel=1e-6)
+        assert heads["q_norm"][layer][head] == 0.0   # its q rows are zero
         assert heads["max_logit"][layer][head] == 0.0
         assert heads["raw_var"][layer][head] == 0.0
         assert heads["raw_max_logit"][layer][head] == 0.0
         others = [h for h in range(H) if h != head]
         assert all(heads["entropy"][layer][h] < uniform - 0.05 for h in others)
         assert all(heads["raw_max_logit"][layer][h] > 1.0 for h in others)
+        assert all(heads["entropy_norm"][layer][h] < 0.95 for h in others)
+        assert all(heads["q_norm"][layer][h] > 1.0 for h in others)
     assert heads["scale"] == [pytest.approx([math.exp(v) for v in (-1.0, 0.0, 0.5)]),
                               pytest.approx([math.exp(v) for v in (0.0, 1.0, 1.5)])]
     # the per-layer means are those of the heads

@@ -214,8 +214,8 @@ def test_attention_stats_are_each_layers_own_on_its_input():
         pos = (valid.long().cumsum(1) - 1).clamp(min=0)
         x = model.wte(idx) + model.wpe(pos)
         for block, layer in zip(model.blocks, stats, strict=True):
-            assert set(layer) == {"entropy", "max_logit", "saturated", "raw_var",
-                                  "raw_max_logit"}
+            assert set(layer) == {"entropy", "entropy_norm", "max_logit", "saturated",
+                                  "raw_var", "raw_max_logit", "q_norm", "k_norm"}
             assert all(v.shape == (2,) and v.isfinite().all() for v in layer.values())
             info = block.attn.explain(block.ln_1(x), causal=True, valid_mask=valid)
             for key in info.stats:
