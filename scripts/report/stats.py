@@ -134,8 +134,9 @@ class Comparison:
 
 
 def identical(a: dict, b: dict) -> bool:
-    """Whether a and b are equal at each of at least two common seeds: the same runs read twice (uniform
-    attention at two q/k initialisations, which it never uses), one observation and not two."""
+    """Whether a and b are equal at each of at least two common seeds: the same runs read
+    twice (uniform attention at two q/k initialisations, which it never uses), one observation
+    and not two."""
     seeds = common_seeds(a, b)
     return len(seeds) >= 2 and all(a[s] == b[s] for s in seeds)   # one pair is untested anyway
 
