@@ -119,6 +119,8 @@ class MultiHeadAttention(nn.Module):
         if scaling.name == "qk_norm":  # each head's q and k over D, with a learnable gain
             norm = partial(nn.LayerNorm, bias=False) if scaling.norm == "layernorm" else nn.RMSNorm
             self.q_norm, self.k_norm = norm(d_head, eps=1e-5), norm(d_head, eps=1e-5)
+        # (H,) running max of s q.k while training, when optim.qk_clip arms it (trainer/qk_clip.py)
+        self.max_logit: Optional[Tensor] = None
 
     def scale(self) -> float | Tensor:
         """The score scale s: a float, or for `learned` a (H, 1, 1) tensor (one per head)."""
@@ -143,6 +145,8 @@ class MultiHeadAttention(nn.Module):
             y = self.sdpa(q, k, v, causal, mask)  # 3. by one fused kernel
         else:
             y = self.explicit(q, k, v, mask)[0]  # 3. softmax(Q K^T * s + M) V, step by step
+        if self.training and self.max_logit is not None:
+            self.max_logit = torch.maximum(self.max_logit, self.largest_logit(q, k, causal, mask))
         return self.merge_heads(y)  # 4. (B, H, T, D) -> (B, T, C)
 
     def explain(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
@@ -196,6 +200,17 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=causal and mask is None, scale=s)  # (B, H, T, D)
         return y if mask is None else mask.zero_empty_rows(y)
+
+    @torch.no_grad()
+    def largest_logit(self, q: Tensor, k: Tensor, causal: bool, mask: Optional[Mask]) -> Tensor:
+        """Per head, the largest s q.k over the allowed entries, before any soft-cap: (H,)."""
+        logits = (q.float() * self.scale()) @ k.float().transpose(-2, -1)  # (B, H, T, T)
+        T = q.shape[2]
+        allowed = mask.allowed if mask is not None else (
+            torch.ones(T, T, dtype=torch.bool, device=q.device).tril() if causal else None)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        return logits.amax(dim=(0, 2, 3))
 
     def qk_grad_norms(self) -> tuple[float, float]:
         """L2 norms of the q and k projections' gradients (diagnostics.qk_grad_norms)."""

@@ -328,8 +328,7 @@ class StepCase:
 
     def step(self) -> None:
         config = self.run.config
-        train_step(self.run.state, self.run.compute, config.train_cfg.grad_accum,
-                   config.optim_cfg.grad_clip)
+        train_step(self.run.state, self.run.compute, config.optim_cfg, config.train_cfg)
 
 
 def bench_steps(args, device: torch.device, folder: Path) -> tuple:

@@ -19,6 +19,8 @@ PACKAGES = ("model", "data", "trainer", "scripts")
 # (importing module, function, imported module): every place the core loads an option
 SEAMS = {
     ("trainer.build", "build", "data.recall"),
+    ("trainer.build", "build", "trainer.qk_clip"),
+    ("trainer.step", "train_step", "trainer.qk_clip"),
     ("trainer.build", "attention_class", "model.cpu_autocast"),
     ("data.prepare", "open_source", "data.hub"),
     ("data.prepare", "open_source", "data.text"),

@@ -123,6 +123,9 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
     eval_batches, batcher = data.batches(shape, train_cfg.eval_iters, train_cfg.seed)
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg, attention_class(model_cfg.attn_impl, amp, device)).to(device)
+    if optim_cfg.qk_clip is not None:
+        from trainer import qk_clip  # an option: loaded only when optim.qk_clip is set
+        qk_clip.setup(model, optim_cfg.qk_clip)
     wrapped = torch.compile(model) if train_cfg.compile else model
     if shape.world > 1:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)

@@ -57,12 +57,15 @@ def attention_record(model: GPT, batch, device: torch.device) -> dict:
     """Per-layer attention diagnostics on `batch`: entropy (mean over heads), max |logit|, the
     fraction of saturated rows, and of the raw scores q.k before the scale Var(q.k) / d_head
     and max |q.k|. `attn_heads` keeps every head ({statistic: [[per head] per layer]}), so one
-    saturating head is not averaged away, plus `scale` (g_h = exp(log_scale)) for learned."""
+    saturating head is not averaged away, plus `scale` (g_h = exp(log_scale)) for learned and
+    `qk_clip_count` (each head's QK-Clips so far) under optim.qk_clip."""
     idx, _, valid = to_device(batch, device)
     stats = model.attention_stats(idx, valid)
     heads = {key: [s[key].tolist() for s in stats] for key in stats[0]}
     if model.config.scaling.name == "learned":
         heads["scale"] = [block.attn.log_scale.detach().exp().tolist() for block in model.blocks]
+    if hasattr(model.blocks[0].attn, "qk_clip_count"):   # optim.qk_clip: clips so far per head
+        heads["qk_clip_count"] = [block.attn.qk_clip_count.tolist() for block in model.blocks]
     return {"attn_entropy": [s["entropy"].mean().item() for s in stats],
             "attn_max_logit": [s["max_logit"].max().item() for s in stats],
             "attn_saturated": [s["saturated"].mean().item() for s in stats],

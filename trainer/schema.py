@@ -37,6 +37,9 @@ class OptimConfig:
     warmup_steps: int = 100
     min_lr: float = 1e-4               # lr / 10 (Chinchilla, nanoGPT), reached at max_steps
     grad_clip: float = 1.0             # max global L2 norm; 0 turns clipping off
+    # QK-Clip threshold tau (Kimi K2: 100): after each step, shrink W_q and W_k of any head
+    # whose largest logit s q.k in the step exceeded tau (trainer/qk_clip.py); null = off
+    qk_clip: Optional[float] = None
 
     def __post_init__(self):
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -52,6 +55,9 @@ class OptimConfig:
             raise invalid("optim.warmup_steps", self.warmup_steps, "use 0 or more steps.")
         if self.grad_clip < 0:
             raise invalid("optim.grad_clip", self.grad_clip, "use 0 (off) or a positive norm.")
+        if self.qk_clip is not None and not (self.qk_clip > 0 and math.isfinite(self.qk_clip)):
+            raise invalid("optim.qk_clip", self.qk_clip, "use null (off) or a positive logit "
+                          "threshold, e.g. 100 (Kimi K2's).")
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,9 @@ class TrainerConfig:
     # The end-of-run score of the whole validation split (summary.json's *_full fields) covers
     # at most this many targets, an even fixed subset (null: every split whole).
     full_eval_tokens: Optional[int] = 4_000_000
+    # z-loss coefficient (PaLM, Wortsman et al. 2023: 1e-4): adds z_loss * mean (log Z)^2 of the
+    # output softmax to the training loss (trainer/step.py); 0 = off
+    z_loss: float = 0.0
 
     def __post_init__(self):
         for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters",
@@ -102,6 +111,9 @@ class TrainerConfig:
                           (self.sample_tokens, self.sample_temperature), "use values >= 0.")
         if self.sample_top_k is not None and self.sample_top_k < 1:
             raise invalid("trainer.sample_top_k", self.sample_top_k, "use null or >= 1.")
+        if not (self.z_loss >= 0 and math.isfinite(self.z_loss)):
+            raise invalid("trainer.z_loss", self.z_loss, "use 0 (off) or a small positive "
+                          "coefficient, e.g. 1e-4.")
         if self.full_eval_tokens is not None and self.full_eval_tokens < 1:
             raise invalid("trainer.full_eval_tokens", self.full_eval_tokens,
                           "use null (score the whole validation split) or a positive token count.")

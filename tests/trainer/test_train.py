@@ -80,6 +80,24 @@ def test_each_scaling_variant_trains(tiny_cfg, tmp_path, scaling):
     assert summary["best_val_loss"] < summary["init_val_loss"]   # 4 steps already help
 
 
+def test_z_loss_and_qk_clip_are_recorded(tiny_cfg, tiny_run, tmp_path):
+    """trainer.z_loss logs its term beside the unchanged cross-entropy; optim.qk_clip with a
+    threshold below the tiny model's logits clips, and each eval record counts the clips per
+    head (non-decreasing); the plain run has neither."""
+    run_dir = tmp_path / "run"
+    train.train(derive(tiny_cfg, ["optim.qk_clip=0.05", "trainer.z_loss=1e-3"]), run_dir)
+    trains = records(run_dir, "train")
+    assert all(r["z_term"] > 0 for r in trains) and len(trains) == 8
+    counts = [r["attn_heads"]["qk_clip_count"] for r in records(run_dir, "eval")]
+    assert counts[0] == [[0, 0], [0, 0]] and sum(map(sum, counts[-1])) > 0
+    assert all(a <= b for x, y in zip(counts, counts[1:]) for la, lb in zip(x, y)
+               for a, b in zip(la, lb))
+    plain = records(tiny_run[0], "train")
+    assert "z_term" not in plain[0] and plain[0]["loss"] == trains[0]["loss"]   # step 1: same
+    assert "qk_clip_count" not in records(tiny_run[0], "eval")[0]["attn_heads"]
+    assert plain[-1]["loss"] != trains[-1]["loss"]
+
+
 def test_run_directory_contents(tiny_run):
     run_dir, summary = tiny_run
     for name in ("run.json", "metrics.jsonl", "summary.json", "tokenizer.json", "samples.txt",

@@ -75,7 +75,8 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_run, interrupted):
 
 @pytest.mark.parametrize("extra", [
     ["model.dropout=0.2"],                                          # dropout RNG restored
-    ["data.packing=pad", "data.document=line", "trainer.grad_accum=2"]])
+    ["data.packing=pad", "data.document=line", "trainer.grad_accum=2"],
+    ["optim.qk_clip=0.05", "trainer.z_loss=1e-3"]])                # clip counts checkpointed
 def test_resume_is_bit_exact(tiny_cfg, tmp_path, monkeypatch, extra):
     straight = tmp_path / "straight"
     train.train(derive(tiny_cfg, extra), straight)
@@ -87,6 +88,8 @@ def test_resume_is_bit_exact(tiny_cfg, tmp_path, monkeypatch, extra):
         assert [r["step"] for r in a] == [r["step"] for r in b] and len(a) > 2
         for key in keys:
             assert [r[key] for r in a] == [r[key] for r in b], key
+    clips = [r["attn_heads"].get("qk_clip_count") for r in records(straight, "eval")]
+    assert clips == [r["attn_heads"].get("qk_clip_count") for r in records(resumed, "eval")]
     assert (straight / "samples.txt").read_text() == (resumed / "samples.txt").read_text()
 
 

@@ -14,7 +14,7 @@ from model.config import IGNORE_INDEX, GPTConfig
 from model.gpt import GPT
 from trainer.build import Compute, TrainState, make_optimizer
 from trainer.evaluate import estimate
-from trainer.schema import OptimConfig
+from trainer.schema import OptimConfig, TrainerConfig
 from trainer.step import train_step
 
 VOCAB, T = 20, 8
@@ -96,6 +96,49 @@ def test_train_step_loss_and_gradient_weigh_tokens_not_micro_batches(make):
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
         scaler=torch.amp.GradScaler("cpu", enabled=False), batcher=ListBatcher(make()))
     compute = Compute(rank=0, world=1, device=device, precision="fp32", autocast=nullcontext())
-    loss, grad_norm, _ = train_step(state, compute, grad_accum=2, grad_clip=optim.grad_clip)
+    loss, grad_norm, _ = train_step(state, compute, optim, TrainerConfig(grad_accum=2))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert grad_norm.item() == pytest.approx(expected_norm, rel=1e-5)
+
+
+def plain_state(m: GPT, optim: OptimConfig, bs: list[Batch], lr_factor: float = 1.0):
+    optimizer = make_optimizer(m, optim, torch.device("cpu"))
+    return TrainState(
+        model=m, wrapped=m, optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor),
+        scaler=torch.amp.GradScaler("cpu", enabled=False), batcher=ListBatcher(bs))
+
+
+CPU = Compute(rank=0, world=1, device=torch.device("cpu"), precision="fp32",
+              autocast=nullcontext())
+
+
+def test_z_loss_adds_its_term_to_the_gradient_and_not_to_the_logged_loss():
+    """trainer.z_loss = 0.05: the step's gradient is that of CE + 0.05 * mean (log Z)^2 over
+    the real targets, log Z = log sum_v exp(logit_v) written out; the returned loss stays the
+    cross-entropy, and the z term is reported beside it."""
+    z = 0.05
+    m = model()
+    reference = copy.deepcopy(m)
+    bs = batches()
+    count = sum(int((b.targets != IGNORE_INDEX).sum()) for b in bs)
+    log_z_sq = 0.0
+    for b in bs:
+        logits, _ = reference(b.idx, valid_mask=b.valid_mask)
+        log_z = logits.exp().sum(-1).log()   # (B, T)
+        log_z_sq = log_z_sq + log_z[b.targets != IGNORE_INDEX].square().sum()
+    ce = token_mean(reference, bs)
+    (ce + z * log_z_sq / count).backward()
+    expected_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in reference.parameters()
+                                  if p.grad is not None))
+    optim = OptimConfig(warmup_steps=0, grad_clip=0.0)
+    loss, grad_norm, extra = train_step(plain_state(m, optim, bs), CPU, optim,
+                                        TrainerConfig(grad_accum=2, z_loss=z), want_qk=True)
+    assert loss.item() == pytest.approx(ce.item(), rel=1e-6)
+    assert extra["z_term"] == pytest.approx(z * log_z_sq.item() / count, rel=1e-5)
+    assert extra["z_term"] > 0.01 * loss.item()   # large enough to change the gradient
+    assert grad_norm.item() == pytest.approx(expected_norm, rel=1e-5)
+    # without the option the gradient is the cross-entropy's alone, and no z term is reported
+    _, plain_norm, extra = train_step(plain_state(model(), optim, batches()), CPU, optim,
+                                      TrainerConfig(grad_accum=2), want_qk=True)
+    assert "z_term" not in extra and abs(plain_norm.item() - expected_norm) > 1e-3

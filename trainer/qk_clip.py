@@ -1,0 +1,68 @@
+"""QK-Clip (Kimi Team 2025, "Kimi K2", arXiv 2507.20534, sec. 2.1): an option, loaded when
+optim.qk_clip sets a threshold tau (K2 uses 100).
+
+After each optimizer step, every head whose largest pre-softmax logit s q.k in that step's
+forward exceeded tau has its query and key projection rows (weight and bias) multiplied by
+sqrt(tau / max). q and k each shrink by that factor, so the head's logits on the same input
+shrink by tau / max: its largest becomes tau. Heads under tau are untouched. Unlike a
+soft-cap, which bounds the scores the softmax sees and leaves W_q and W_k free to keep growing,
+the clip bounds the weights themselves (docs/scaling.md, "Bounding the scores").
+
+The max comes from the step itself: MultiHeadAttention.forward keeps a running max per head
+in `max_logit` while it is a tensor (this module sets it), over the step's micro-batches; with
+several processes the heads' maxima are all-reduced (max) first, so every replica clips alike.
+`qk_clip_count` (a buffer, so it is checkpointed and resumed) counts each head's clips.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from model.errors import ConfigError
+
+UNBOUNDED = ("qk_norm", "uniform")   # scales whose logits the clip cannot bound or has none
+
+
+def setup(model: torch.nn.Module, tau: float) -> None:
+    """Arm every attention module of `model` (a GPT) for QK-Clip at threshold tau."""
+    scaling = model.config.scaling.name
+    if scaling in UNBOUNDED:
+        raise ConfigError(
+            f"optim.qk_clip={tau} cannot work with scaling={scaling}: "
+            + ("qk_norm normalises q and k per head, so scaling their projection rows does not "
+               "change the logits" if scaling == "qk_norm" else
+               "uniform attention has no logits to clip")
+            + "; drop optim.qk_clip (optim.qk_clip=null) or pick another scale.")
+    for block in model.blocks:
+        attn = block.attn
+        device = attn.qkv.weight.device
+        attn.register_buffer("qk_clip_count", torch.zeros(attn.n_head, dtype=torch.long,
+                                                          device=device))
+        attn.max_logit = torch.full((attn.n_head,), -math.inf, device=device)
+
+
+@torch.no_grad()
+def clip(model: torch.nn.Module, tau: float) -> None:
+    """Scale W_q and W_k rows (and bias) of each head whose step max exceeded tau by
+    sqrt(tau / max), count it, and reset the running max for the next step."""
+    for block in model.blocks:
+        attn = block.attn
+        step_max = attn.max_logit  # (H,)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(step_max, op=dist.ReduceOp.MAX)
+        over = step_max > tau  # (H,)
+        factor = torch.where(over, (tau / step_max).sqrt(), torch.ones_like(step_max))  # (H,)
+        H, D = attn.n_head, attn.d_head
+        rows = factor.repeat_interleave(D)  # (HD,): one factor per row of a head
+        for p in attn.qkv.parameters():  # weight (3HD, C), bias (3HD,)
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            p[:H * D].mul_(rows.view(shape).to(p.dtype))  # q rows
+            p[H * D:2 * H * D].mul_(rows.view(shape).to(p.dtype))  # k rows
+        attn.qk_clip_count += over.long()
+        attn.max_logit = torch.full_like(step_max, -math.inf)
+
+
+def counts(model: torch.nn.Module) -> list[list[int]]:
+    """Clips so far per head, [[per head] per layer]: the eval record's qk_clip_count."""
+    return [block.attn.qk_clip_count.tolist() for block in model.blocks]
