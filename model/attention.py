@@ -9,7 +9,8 @@ k, v, s and M to F.scaled_dot_product_attention; forward picks one with a single
 tests hold the two equal. The scales (ScalingConfig.name; docs/scaling.md explains them):
     sqrt_dk   s = 1/sqrt(d_head)                          Vaswani et al. 2017, sec. 3.2.1
     none      s = 1                                       the ablation
-    dk        s = 1/d_head                                muP, Yang et al. 2022
+    dk        s = alpha/d_head, alpha = scaling.attn_mult    muP, Yang et al. 2022 (alpha 1
+              under param=sp; under param=mup 1/sqrt(d_head) at the base width)
     constant  s = 1/divisor whatever d_head               a fixed divisor (8 by default)
     learned   s = exp(log_scale[h]) per head, starting at 1/sqrt(d_head)
     qk_norm   LayerNorm/RMSNorm q and k per head, then s = 1/sqrt(d_head)   Dehghani et al. 2023
@@ -119,18 +120,18 @@ class MultiHeadAttention(nn.Module):
         if scaling.name == "qk_norm":  # each head's q and k over D, with a learnable gain
             norm = partial(nn.LayerNorm, bias=False) if scaling.norm == "layernorm" else nn.RMSNorm
             self.q_norm, self.k_norm = norm(d_head, eps=1e-5), norm(d_head, eps=1e-5)
-        # (H,) running max of s q.k while training, when optim.qk_clip arms it (trainer/qk_clip.py)
-        self.max_logit: Optional[Tensor] = None
 
     def scale(self) -> float | Tensor:
         """The score scale s: a float, or for `learned` a (H, 1, 1) tensor (one per head)."""
         name, D = self.scaling.name, self.d_head
         if name == "learned":
             return self.log_scale.exp().view(self.n_head, 1, 1)  # (H, 1, 1)
+        if name == "dk":  # alpha / d_head; GPTConfig fills alpha in from param when null
+            return self.scaling.attn_mult / D
         # uniform: every logit is 0, so softmax over the allowed keys is 1/(number allowed): the
         # masks and the fully-masked-row policy apply unchanged, and q, k get zero gradient
         return {"sqrt_dk": 1.0 / math.sqrt(D), "qk_norm": 1.0 / math.sqrt(D), "none": 1.0,
-                "dk": 1.0 / D, "constant": 1.0 / self.scaling.divisor, "uniform": 0.0}[name]
+                "constant": 1.0 / self.scaling.divisor, "uniform": 0.0}[name]
 
     def forward(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None) -> Tensor:
@@ -145,8 +146,6 @@ class MultiHeadAttention(nn.Module):
             y = self.sdpa(q, k, v, causal, mask)  # 3. by one fused kernel
         else:
             y = self.explicit(q, k, v, mask)[0]  # 3. softmax(Q K^T * s + M) V, step by step
-        if self.training and self.max_logit is not None:
-            self.max_logit = torch.maximum(self.max_logit, self.largest_logit(q, k, causal, mask))
         return self.merge_heads(y)  # 4. (B, H, T, D) -> (B, T, C)
 
     def explain(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
@@ -200,17 +199,6 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=causal and mask is None, scale=s)  # (B, H, T, D)
         return y if mask is None else mask.zero_empty_rows(y)
-
-    @torch.no_grad()
-    def largest_logit(self, q: Tensor, k: Tensor, causal: bool, mask: Optional[Mask]) -> Tensor:
-        """Per head, the largest s q.k over the allowed entries, before any soft-cap: (H,)."""
-        logits = (q.float() * self.scale()) @ k.float().transpose(-2, -1)  # (B, H, T, T)
-        T = q.shape[2]
-        allowed = mask.allowed if mask is not None else (
-            torch.ones(T, T, dtype=torch.bool, device=q.device).tril() if causal else None)
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        return logits.amax(dim=(0, 2, 3))
 
     def qk_grad_norms(self) -> tuple[float, float]:
         """L2 norms of the q and k projections' gradients (diagnostics.qk_grad_norms)."""

@@ -8,17 +8,23 @@ shrink by tau / max: its largest becomes tau. Heads under tau are untouched. Unl
 soft-cap, which bounds the scores the softmax sees and leaves W_q and W_k free to keep growing,
 the clip bounds the weights themselves (docs/scaling.md, "Bounding the scores").
 
-The max comes from the step itself: MultiHeadAttention.forward keeps a running max per head
-in `max_logit` while it is a tensor (this module sets it), over the step's micro-batches; with
-several processes the heads' maxima are all-reduced (max) first, so every replica clips alike.
+The max comes from the step itself, with no change to the attention module: a forward hook on
+each attention's fused q/k/v projection takes q and k from its output and keeps a running max
+per head of s q.k over the allowed entries (the masks come from a pre-hook on the attention's
+call), in `max_logit`, over the step's micro-batches, in training mode only (an evaluation's
+forward does not count). The cost is one more q k^T product without gradient per layer. With
+several processes the maxima are all-reduced (max) first, so every replica clips alike.
 `qk_clip_count` (a buffer, so it is checkpointed and resumed) counts each head's clips.
 """
 
 import math
+from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
+from model.attention import MultiHeadAttention, build_mask
 from model.errors import ConfigError
 
 UNBOUNDED = ("qk_norm", "uniform")   # scales whose logits the clip cannot bound or has none
@@ -40,6 +46,31 @@ def setup(model: torch.nn.Module, tau: float) -> None:
         attn.register_buffer("qk_clip_count", torch.zeros(attn.n_head, dtype=torch.long,
                                                           device=device))
         attn.max_logit = torch.full((attn.n_head,), -math.inf, device=device)
+        attn.register_forward_pre_hook(remember_masks, with_kwargs=True)
+        attn.qkv.register_forward_hook(partial(track_max, attn))
+
+
+def remember_masks(attn: MultiHeadAttention, args: tuple, kwargs: dict) -> None:
+    """Pre-hook of an attention call: its input and masks, which track_max needs."""
+    attn.clip_call = (args[0], kwargs.get("causal", True), kwargs.get("valid_mask"),
+                      kwargs.get("attn_mask"))
+
+
+@torch.no_grad()
+def track_max(attn: MultiHeadAttention, qkv_layer, inputs, qkv: Tensor) -> None:
+    """Hook on attn.qkv: fold this forward's per-head max of s q.k (allowed entries, before
+    any soft-cap) into attn.max_logit. qkv (B, T, 3HD) is the projection's output."""
+    if not attn.training:
+        return
+    x, causal, valid_mask, attn_mask = attn.clip_call
+    B, T, _ = qkv.shape
+    H, D = attn.n_head, attn.d_head
+    q, k = (t.float().view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=2)[:2])
+    logits = (q * attn.scale()) @ k.transpose(-2, -1)  # (B, H, T, T)
+    mask = build_mask(x, causal, valid_mask, attn_mask)
+    if mask is not None:
+        logits = logits.masked_fill(~mask.allowed, -math.inf)
+    attn.max_logit = torch.maximum(attn.max_logit, logits.amax(dim=(0, 2, 3)))
 
 
 @torch.no_grad()

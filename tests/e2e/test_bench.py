@@ -297,3 +297,15 @@ def test_flops_per_token_counts_the_matmuls_and_the_attention_square():
     n_matmul = L * (3 * C * C + C * C + 8 * C * C) + V * C  # projections, MLP, LM head
     assert bench.flops_per_token(model, T) == 6 * n_matmul + 12 * L * H * (C // H) * T
     assert bench.flops_per_token(model, 5) == 6 * n_matmul + 12 * L * H * (C // H) * 5
+
+
+def test_bench_bounds_times_each_bound_against_the_plain_step(tiny_shared, capsys):
+    """scripts/bench_bounds.py on the tiny config, one round of one step: a row per case, the
+    plain case's ratio exactly 1 (timings are not checked), and QK-Clip really armed."""
+    from scripts import bench_bounds
+    rows = bench_bounds.main([*tiny_shared, "--rounds", "1", "--per-round", "1", "--warmup",
+                              "1"])
+    assert [r["case"] for r in rows] == ["plain", "qk_clip", "z_loss"]
+    assert rows[0]["ratio"] == 1.0 and all(r["median_ms"] > 0 for r in rows)
+    out = capsys.readouterr().out
+    assert "| qk_clip | `optim.qk_clip=1` |" in out and "1 rounds x 1 steps" in out
