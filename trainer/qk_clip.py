@@ -66,11 +66,13 @@ def track_max(attn: MultiHeadAttention, qkv_layer, inputs, qkv: Tensor) -> None:
     B, T, _ = qkv.shape
     H, D = attn.n_head, attn.d_head
     q, k = (t.float().view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=2)[:2])
-    logits = (q * attn.scale()) @ k.transpose(-2, -1)  # (B, H, T, T)
+    raw = q @ k.transpose(-2, -1)  # (B, H, T, T): q.k, the scale applied to the max below
     mask = build_mask(x, causal, valid_mask, attn_mask)
     if mask is not None:
-        logits = logits.masked_fill(~mask.allowed, -math.inf)
-    attn.max_logit = torch.maximum(attn.max_logit, logits.amax(dim=(0, 2, 3)))
+        raw = raw.masked_fill(~mask.allowed, -math.inf)
+    s = attn.scale()  # > 0 (uniform's 0 is refused): max of s q.k = s max q.k, per head
+    largest = raw.amax(dim=(0, 2, 3)) * (s.view(H) if isinstance(s, Tensor) else s)  # (H,)
+    attn.max_logit = torch.maximum(attn.max_logit, largest)
 
 
 @torch.no_grad()
@@ -85,11 +87,9 @@ def clip(model: torch.nn.Module, tau: float) -> None:
         over = step_max > tau  # (H,)
         factor = torch.where(over, (tau / step_max).sqrt(), torch.ones_like(step_max))  # (H,)
         H, D = attn.n_head, attn.d_head
-        rows = factor.repeat_interleave(D)  # (HD,): one factor per row of a head
         for p in attn.qkv.parameters():  # weight (3HD, C), bias (3HD,)
-            shape = (-1,) + (1,) * (p.dim() - 1)
-            p[:H * D].mul_(rows.view(shape).to(p.dtype))  # q rows
-            p[H * D:2 * H * D].mul_(rows.view(shape).to(p.dtype))  # k rows
+            qk = p[:2 * H * D].view(2, H, D, -1)  # q rows, then k rows, per head
+            qk.mul_(factor.view(1, H, 1, 1).to(p.dtype))
         attn.qk_clip_count += over.long()
         attn.max_logit = torch.full_like(step_max, -math.inf)
 

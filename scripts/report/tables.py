@@ -271,10 +271,14 @@ def lr_section(runs: list[RunRecord], which: str, baseline: str, levels: Optiona
     lines += ["", "Loss at each variant's own chosen LR on the held-out seeds, paired by seed"
               f" against `{baseline}` at the same setting:", ""]
     lines += paired_table(best_loss, (VARIANT_KEY, baseline), "loss at chosen LR")
-    if sens_seed:
+    if any(dict(key).get(VARIANT_KEY) == baseline for key in sens_seed):
         lines += ["", f"LR sensitivity, paired by seed against `{baseline}` (the groups with"
                   " more than one LR):", ""]
         lines += paired_table(sens_seed, (VARIANT_KEY, baseline), "LR sensitivity")
+    elif sens_seed:
+        lines += ["", f"LR sensitivity: not compared. `{baseline}` ran one LR in this sweep,"
+                  " where the sensitivity is 0 by construction (`one LR` above); the groups with"
+                  " more than one LR have theirs in the table above."]
     else:
         lines += ["", "LR sensitivity: not compared. Every group ran one LR in this sweep, where"
                   " the sensitivity is 0 by construction (`one LR` above)."]

@@ -553,6 +553,16 @@ def test_one_lr_groups_get_no_lr_sensitivity(lr_report, tmp_path, tables_only):
     assert table_row(lr_part, "scaling=none")[7] == "one LR: not defined"
     assert "LR sensitivity, paired" not in lr_part
     assert "LR sensitivity: not compared. Every group ran one LR" in lr_part
+    # `none` at two LRs, its own and sqrt_dk's (scaling_ablation's stage 2): still nothing to
+    # compare with, since the baseline's sensitivity is 0 by construction
+    for seed in (4, 5, 6):
+        make_run(stage2, ["model.d_head=16", "optim.lr=0.1", "scaling=none",
+                          f"trainer.seed={seed}"], [INIT, 3.0, 2.5], full=2.2 + 0.01 * seed)
+    assert report_in_process(stage2, "--out", out, "--select-from", lr_report / "runs.csv") == 0
+    lr_part = (out / "results.md").read_text().split("## Learning rate")[1]
+    assert table_row(lr_part, "scaling=none")[7] != "one LR: not defined"
+    assert "LR sensitivity: not compared. `sqrt_dk` ran one LR" in lr_part
+    assert "LR sensitivity, paired" not in lr_part
 
 
 def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp_path):
