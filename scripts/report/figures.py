@@ -476,10 +476,43 @@ def plot_diagnostics(groups, path: Path, note: str) -> None:
               tied=("attn_max_logit", "attn_raw_max_logit"))
 
 
+def fixed_scale(run) -> Optional[float]:
+    """The run's score scale s where it is one number for the whole run (sqrt_dk, none, dk,
+    constant), else None: learned and qk_norm change theirs (a learned factor, a learned gain
+    after a norm) and uniform's is 0."""
+    d_head = run.setting("model.d_head")
+    if d_head is None:
+        d_model, n_head = run.setting("model.d_model"), run.setting("model.n_head")
+        if d_model is None or n_head is None:
+            return None
+        d_head = int(d_model) // int(n_head)
+    d_head = int(d_head)
+    divisor = float(run.setting("scaling.divisor") or 8.0)
+    return {"sqrt_dk": d_head ** -0.5, "none": 1.0, "dk": 1.0 / d_head,
+            "constant": 1.0 / divisor}.get(run.variant)
+
+
+def per_logit(run, name: str) -> tuple[list, list]:
+    """A q or k gradient norm divided by the run's fixed scale s: dL/dW_q = s sum dL/dz k x^T
+    for the logits z = s q.k, so the quotient is the gradient per unit of logit, the quantity
+    the saturation argument is about. Empty where s is not one number (fixed_scale)."""
+    scale = fixed_scale(run)
+    if scale is None:
+        return [], []
+    steps, values = record_series(run, name)
+    return steps, [v / scale for v in values]
+
+
 def plot_qk_grads(groups, path: Path, note: str) -> None:
     rows = [(f"{s}_grad_norm", f"|grad W_{s}|\n(mean over layers)",
              lambda r, s=s: record_series(r, f"{s}_grad_norm"), True) for s in ("q", "k")]
-    stat_grid(groups, rows, f"Gradient norm of the q and k projections{note}", path)
+    rows += [(f"{s}_grad_per_logit", f"|grad W_{s}| / s\n(per unit of logit)",
+              lambda r, s=s: per_logit(r, f"{s}_grad_norm"), True) for s in ("q", "k")]
+    free = sorted({k[0][1] for k, runs in groups.items()
+                   if any(fixed_scale(r) is None for r in runs)}, key=variant_rank)
+    why = (f"; / s rows: {', '.join(free)} not drawn (s is learned, or 0)" if free else "")
+    stat_grid(groups, rows, f"Gradient norm of the q and k projections{note}; s = the score"
+              f" scale{why}", path)
 
 
 # The rows of the per-head figure: attn_heads key, y label, log y.

@@ -348,3 +348,24 @@ def test_lr_sensitivity_is_not_drawn_when_every_group_ran_one_lr(drawn):
     assert not any(t.startswith("LR sensitivity") for t in titles)
     assert any(t.startswith("best LR") for t in titles)
     assert "LR sensitivity not drawn: one LR per group" in fig._suptitle.get_text()
+
+
+def test_gradient_per_unit_of_logit_divides_by_each_runs_fixed_scale():
+    """|grad W_q| / s: s = 1/sqrt(64) for sqrt_dk at d_head 64 (from d_model / n_head when
+    d_head is not set), 1 for none, 1/64 for dk, 1/divisor for constant; learned, qk_norm and
+    uniform have no fixed s and get no series."""
+    from pathlib import Path
+
+    from scripts.report.figures import fixed_scale, per_logit
+    from scripts.report.runs import RunRecord
+
+    def run(variant, **settings):
+        overrides = {"model.d_model": "128", "model.n_head": "2", **settings}
+        return RunRecord(Path("."), overrides, variant,
+                         [{"kind": "train", "step": 10, "q_grad_norm": 0.5}], [], {}, {})
+    assert per_logit(run("sqrt_dk"), "q_grad_norm") == ([10], [pytest.approx(0.5 * 8)])
+    assert per_logit(run("none"), "q_grad_norm") == ([10], [0.5])
+    assert fixed_scale(run("dk", **{"model.d_head": "16"})) == 1 / 16
+    assert fixed_scale(run("constant", **{"scaling.divisor": "4"})) == 0.25
+    for variant in ("learned", "qk_norm", "uniform"):
+        assert per_logit(run(variant), "q_grad_norm") == ([], [])
