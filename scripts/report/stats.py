@@ -251,6 +251,14 @@ def best_lr(table: dict[float, dict]) -> Optional[dict]:
             "edge": best in (min(table), max(table))}
 
 
+def survives_up_to(runs: list[RunRecord], which: str, levels: Optional[dict]) -> Optional[float]:
+    """The largest LR of the group's grid at and below which no run failed (`failure`): the LR
+    it survives up to; None when its smallest LR already has a failed run."""
+    failed = [r.lr for r in runs if failure(r, which, levels) is not None]
+    safe = [r.lr for r in runs if not failed or r.lr < min(failed)]
+    return max(safe) if safe else None
+
+
 def complete_seeds(table: dict[float, dict]) -> list:
     """The seeds that have a loss at every LR of the grid."""
     if not table:

@@ -283,7 +283,8 @@ def lr_section(runs: list[RunRecord], which: str, baseline: str, levels: Optiona
         lines += ["", "LR sensitivity: not compared. Every group ran one LR in this sweep, where"
                   " the sensitivity is 0 by construction (`one LR` above)."]
     lines += ["", "Mean clipped final loss per learning rate (a diverged run counts as its loss"
-              " at init; `failed` = runs that failed):", ""]
+              " at init; `failed` = runs that failed), and the largest LR each group survives:",
+              ""]
     return lines + lr_grid(variants, summaries, which, levels)
 
 
@@ -325,8 +326,8 @@ def chosen_text(held: dict) -> str:
 
 def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str]:
     lrs = sorted({lr for table in summaries.values() for lr in table})
-    lines = ["| group | " + " | ".join(f"lr={lr:g}" for lr in lrs) + " |",
-             "|---|" + "---:|" * len(lrs)]
+    lines = ["| group | " + " | ".join(f"lr={lr:g}" for lr in lrs) + " | survives up to |",
+             "|---|" + "---:|" * (len(lrs) + 1)]
     for key, table in summaries.items():
         cells = []
         for lr in lrs:
@@ -334,8 +335,12 @@ def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str
             failed = sum(st.failure(r, which, levels) is not None
                          for r in variants[key] if r.lr == lr)
             cells.append(cell(iv) + (f" ({failed} failed)" if failed else "") if iv else "")
+        safe = st.survives_up_to(variants[key], which, levels)
+        top = max(table)
+        cells.append("none" if safe is None else f"{safe:g}" + (" (all)" if safe == top else ""))
         lines.append(f"| {label(key)} | " + " | ".join(cells) + " |")
-    return lines
+    return lines + ["", "`survives up to`: the largest LR at and below which no run of the group"
+                    " failed; `(all)`: no run failed up to the largest LR it ran."]
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,9 @@ def test_lr_section_best_lr_sensitivity_and_pairs(lr_report):
     grid = lr_part.split("Mean clipped")[1]
     assert table_row(grid, "scaling=none, model.d_head=16")[3] == (
         f"{interval(clipped('none', 1e-1))} (2 failed)")
+    # none fails at 0.1 (seeds 1 and 2): it survives up to 0.01; the others fail nowhere
+    assert table_row(grid, "scaling=none, model.d_head=16")[4] == "0.01"
+    assert table_row(grid, "scaling=sqrt_dk, model.d_head=16")[4] == "0.1 (all)"
 
 
 def test_lr_curves_show_each_scale_at_its_chosen_lr_on_the_held_out_seeds(lr_sweep):
