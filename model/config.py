@@ -1,9 +1,11 @@
-"""The model's configs: ScalingConfig (Hydra group `scaling`) and GPTConfig (group `model`),
-frozen dataclasses that validate themselves when built, and the constants other layers share.
+"""The model's configs: ScalingConfig (Hydra group `scaling`), ParamConfig (group `param`) and
+GPTConfig (group `model`), frozen dataclasses that validate themselves when built, and the
+constants other layers share.
 This file imports no torch, so the report (scripts/report/) reads the scale names without it.
 """
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from model.errors import ConfigError, check_dropout, check_positive_int, is_positive_number
@@ -13,6 +15,7 @@ SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest 
 
 SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm", "uniform")
 QK_NORMS = ("layernorm", "rmsnorm")
+PARAMS = ("sp", "mup")
 ATTN_IMPLS = ("auto", "explicit", "sdpa")
 
 
@@ -24,6 +27,10 @@ class ScalingConfig:
     divisor: float = 8.0  # `constant`: logits = q.k / divisor whatever d_head
     norm: str = "layernorm"  # `qk_norm`: "layernorm" | "rmsnorm"
     softcap: Optional[float] = None  # soft-cap c*tanh(logits/c), after the scale, before the mask
+    # `dk`: s = attn_mult / d_head. null: 1 under param=sp (s = 1/d_head, docs/results/'s dk);
+    # under param=mup sqrt(d_head at param.base_width), so that s = 1/sqrt(d_head) there, as
+    # mup's 8/d_head is at d_head 64 (GPTConfig fills it in; docs/scaling.md, section 9)
+    attn_mult: Optional[float] = None
 
     def __post_init__(self):
         if self.name not in SCALINGS:
@@ -39,6 +46,39 @@ class ScalingConfig:
         if self.softcap is not None and not is_positive_number(self.softcap):
             raise ConfigError(f"scaling.softcap={self.softcap!r} must be null (no soft-cap) or "
                               "a positive finite number (Gemma 2 uses 50.0).")
+        if self.attn_mult is not None and not is_positive_number(self.attn_mult):
+            raise ConfigError(f"scaling.attn_mult={self.attn_mult!r} must be null (set by "
+                              "param) or a positive finite number (s = attn_mult / d_head).")
+
+
+@dataclass(frozen=True)
+class ParamConfig:
+    """How initialisation, learning rates and the read-out scale with the width d_model: `sp`
+    (GPT-2's initialisation, one learning rate) or `mup` (Yang et al. 2022, Tensor Programs V;
+    docs/scaling.md, section 9). With m = d_model / base_width under mup (m = 1 under sp), the
+    hidden matrices start with std / sqrt(m) (model/gpt.py) and train at lr / m
+    (trainer/build.py), and the logits are multiplied by output_mult / m."""
+
+    name: str = "sp"
+    base_width: int = 128  # the d_model where mup is sp: the default model's (GPTConfig.d_model)
+    output_mult: float = 1.0  # logits * output_mult / m (mup's MuReadout output_mult)
+    # q's projection starts at zero: every logit 0, uniform attention at step 0 (Yang et al.
+    # 2022 recommend it); null: true under mup, false under sp (filled in when built)
+    zero_query: Optional[bool] = None
+
+    def __post_init__(self):
+        if self.name not in PARAMS:
+            raise ConfigError(f"param.name={self.name!r} is not a known parameterisation; choose "
+                              f"one of {', '.join(PARAMS)} (e.g. param=mup on the command line).")
+        check_positive_int("param.base_width", self.base_width)
+        if not is_positive_number(self.output_mult):
+            raise ConfigError(f"param.output_mult={self.output_mult!r} must be a positive finite "
+                              "number (1.0 by default).")
+        if self.zero_query is None:   # frozen: the one place the default is filled in
+            object.__setattr__(self, "zero_query", self.name == "mup")
+        elif not isinstance(self.zero_query, bool):
+            raise ConfigError(f"param.zero_query={self.zero_query!r} must be null (true under "
+                              "mup, false under sp), true or false.")
 
 
 def check_attn_impl(attn_impl: str, scaling: ScalingConfig) -> None:
@@ -70,6 +110,7 @@ class GPTConfig:
     # that s = 1/sqrt(d_head) assumes (docs/scaling.md); 0.02 gives d_model * 0.0004.
     qk_init_std: Optional[float] = None
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    param: ParamConfig = field(default_factory=ParamConfig)
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
@@ -88,7 +129,25 @@ class GPTConfig:
                               f"{type(self.scaling).__name__}; build it with "
                               "ScalingConfig(**cfg) before GPTConfig.")
         check_attn_impl(self.attn_impl, self.scaling)
+        if not isinstance(self.param, ParamConfig):
+            raise ConfigError(f"model.param must be a ParamConfig, got "
+                              f"{type(self.param).__name__}; build it with ParamConfig(**cfg) "
+                              "before GPTConfig.")
+        if self.scaling.name == "dk" and self.scaling.attn_mult is None:   # filled in once
+            object.__setattr__(self, "scaling",
+                               replace(self.scaling, attn_mult=self.base_attn_mult()))
         if self.qk_init_std is not None and not is_positive_number(self.qk_init_std):
             raise ConfigError(f"model.qk_init_std={self.qk_init_std!r} must be null (GPT-2's "
                               "0.02, the default) or a positive finite number, e.g. "
                               "1/sqrt(model.d_model) for unit-variance q and k at initialisation.")
+
+    @property
+    def width_mult(self) -> float:
+        """muP's m = d_model / param.base_width; 1 under param=sp."""
+        return self.d_model / self.param.base_width if self.param.name == "mup" else 1.0
+
+    def base_attn_mult(self) -> float:
+        """scaling.attn_mult's default: 1 under sp; under mup sqrt of the head width at the base
+        width with n_head fixed, d_head / m, so that s = attn_mult / d_head is 1/sqrt(d_head)
+        there (mup writes 8 / d_head for d_head 64 at its base)."""
+        return 1.0 if self.param.name == "sp" else math.sqrt(self.d_head / self.width_mult)

@@ -1,9 +1,10 @@
 """Training configs (optim, trainer, logger) and the typed Hydra schema (the check of the
 command line's group overrides: trainer/overrides.py).
 
-The frozen dataclasses (these, GPTConfig, ScalingConfig, DataConfig) validate themselves and
-hold the defaults; a file in configs/<group>/ states only what its option changes. Hydra merges
-overrides into mutable copies of them, so a typo or a wrongly typed override fails at once.
+The frozen dataclasses (these, GPTConfig, ScalingConfig, ParamConfig, DataConfig) validate
+themselves and hold the defaults; a file in configs/<group>/ states only what its option changes.
+Hydra merges overrides into mutable copies of them, so a typo or a wrongly typed override fails
+at once.
 """
 
 import dataclasses
@@ -16,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from data.config import DataConfig
-from model.config import GPTConfig, ScalingConfig
+from model.config import GPTConfig, ParamConfig, ScalingConfig
 from model.errors import check_positive_int, invalid
 
 AUTOCAST = ("fp32", "bf16", "fp16")   # trainer/build.py maps them to autocast dtypes
@@ -162,9 +163,10 @@ def flat(config: dict, prefix: str = "") -> dict:
 
 def register_configs() -> None:
     """Store the schema `config_schema` that configs/config.yaml lists first in its defaults."""
-    # vocab_size comes from the tokenizer; scaling is its own group at the top level.
-    groups = {"model": hydra_schema(GPTConfig, exclude=("vocab_size", "scaling")),
+    # vocab_size comes from the tokenizer; scaling and param are groups at the top level.
+    groups = {"model": hydra_schema(GPTConfig, exclude=("vocab_size", "scaling", "param")),
               "data": hydra_schema(DataConfig), "scaling": hydra_schema(ScalingConfig),
+              "param": hydra_schema(ParamConfig),
               "optim": hydra_schema(OptimConfig), "trainer": hydra_schema(TrainerConfig),
               "logger": hydra_schema(LoggerConfig)}
     config = dataclasses.make_dataclass(

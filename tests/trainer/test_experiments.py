@@ -13,7 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from data.config import DataConfig
-from model.config import SCALINGS, GPTConfig, ScalingConfig
+from model.config import SCALINGS, GPTConfig, ParamConfig, ScalingConfig
 from trainer.schema import OptimConfig, TrainerConfig
 
 PRESETS = ("scaling_ablation", "scaling_ablation_select")
@@ -67,14 +67,15 @@ def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
     assert not any("SCIENCE" in line for line in lines)
 
 
-@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS)
+@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + ("width_transfer",))
 def test_every_swept_value_builds_a_valid_config(name):
     """Each value of each swept key, in the preset and built into the dataclasses the run uses:
     a value the schema or a __post_init__ check refuses fails here, not an hour into the sweep.
     The i-th value of every key goes in at once (each value once, beside values of the other
     keys that the sweep pairs it with too), as Hydra applies a `key=value` override to the
     composed preset (conftest.derive); a config-group option whose file only names it (every
-    configs/scaling/*.yaml) is that name, any other option is composed."""
+    configs/scaling/*.yaml and configs/param/*.yaml) is that name, any other option is
+    composed."""
     params = preset(name).hydra.sweeper.params
     values = {key: str(v).split(",") for key, v in params.items()}
     for i in range(max(len(v) for v in values.values())):
@@ -90,10 +91,10 @@ def test_every_swept_value_builds_a_valid_config(name):
         TrainerConfig(**cfg.trainer)
         OptimConfig(**cfg.optim)
         GPTConfig(vocab_size=65, scaling=ScalingConfig(**cfg.scaling),
-                  **OmegaConf.to_container(cfg.model, resolve=True))
+                  param=ParamConfig(**cfg.param), **OmegaConf.to_container(cfg.model, resolve=True))
         for override in picked:   # the value is the one composed
             key, value = override.split("=")
-            got = cfg.scaling.name if key == "scaling" else OmegaConf.select(cfg, key)
+            got = cfg[key].name if key in groups else OmegaConf.select(cfg, key)
             assert str(got) == value or float(got) == float(value), (override, got)
 
 
@@ -213,3 +214,32 @@ def test_lr_stability_is_an_lr_grid_from_1e3_past_3e1_at_d_head_64():
         ScalingConfig(**OmegaConf.to_container(c.scaling))
         OptimConfig(**OmegaConf.to_container(c.optim))
         TrainerConfig(**OmegaConf.to_container(c.trainer))
+
+
+def test_width_transfer_is_sp_and_mup_by_both_scales_over_8x_the_width_on_a_factor_2_grid():
+    """param=sp,mup x scaling=sqrt_dk,dk x d_model 64..512 at a fixed n_head (so d_head grows
+    with the width), each on LRs a factor 2 apart, seeds 1 and 2, on the default corpus at the
+    default run's horizon; the header's first command runs one seed, the stages resume."""
+    cfg = preset("width_transfer")
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweep.dir.startswith("multirun/width_transfer/")
+    assert sweep_values(cfg, "trainer.seed") == ["1", "2"]
+    assert sweep_values(cfg, "param") == ["sp", "mup"]
+    assert sweep_values(cfg, "scaling") == ["sqrt_dk", "dk"]
+    widths = [int(v) for v in sweep_values(cfg, "model.d_model")]
+    assert widths == [64, 128, 256, 512] and widths[-1] / widths[0] >= 8
+    assert cfg.model.n_head == 4 and cfg.model.d_head is None   # d_head = d_model / 4
+    assert cfg.param.base_width in widths   # mup is sp at one width of the sweep
+    lrs = sorted(float(v) for v in sweep_values(cfg, "optim.lr"))
+    assert len(lrs) >= 6 and lrs[0] <= 5e-4 and lrs[-1] >= 3.2e-2
+    assert all(math.isclose(b / a, 2.0) for a, b in zip(lrs, lrs[1:]))
+    assert cfg.data.source == DataConfig().source   # the default corpus
+    assert cfg.trainer.max_steps == TrainerConfig().max_steps
+    assert cfg.optim.min_lr == 0.0 and cfg.trainer.on_nan == "stop"
+    lines = header("width_transfer")
+    assert lines[1] == ("# python train.py experiment=width_transfer hydra/launcher=joblib "
+                        "trainer.seed=1")
+    assert any("trainer.resume=auto" in line for line in lines)
+    assert any(line.startswith("# Wall time: not measured.") for line in lines)
+    assert any(line.startswith("# Report: python scripts/plot_runs.py "
+                               "multirun/width_transfer/<time> ") for line in lines)
