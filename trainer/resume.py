@@ -9,7 +9,7 @@ import json
 import random
 import re
 import shlex
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Optional
 
@@ -17,11 +17,16 @@ import numpy as np
 import torch
 from hydra.utils import to_absolute_path
 
+from data.config import DataConfig
+from model.config import GPTConfig, ParamConfig, ScalingConfig
 from model.errors import UserError
 from trainer.build import Progress, Run
 from trainer.checkpoint import CheckpointError, read
 from trainer.files import display_path
-from trainer.schema import LoggerConfig, flat
+from trainer.schema import LoggerConfig, OptimConfig, TrainerConfig, flat
+
+SCHEMA = {"model": GPTConfig, "data": DataConfig, "scaling": ScalingConfig,
+          "param": ParamConfig, "optim": OptimConfig, "trainer": TrainerConfig}
 
 # Settings that may differ between a checkpoint and the run resuming from it: how long to
 # train, how often to look, where and how fast to compute, what to sample at the end, where the
@@ -110,13 +115,26 @@ def check_resumable(ckpt: dict, config: dict, vocab_size: int, path: Path) -> No
     saved = {**flat(ckpt["config"]), "model.vocab_size": ckpt["model_config"]["vocab_size"]}
     now = {**flat(config), "model.vocab_size": vocab_size}
     diff = [k for k in sorted(saved.keys() | now.keys())
-            if k not in MAY_CHANGE_ON_RESUME and saved.get(k) != now.get(k)]
+            if k not in MAY_CHANGE_ON_RESUME and saved.get(k) != now.get(k)
+            and not (k not in saved and now.get(k) == schema_default(k))]
     if diff:
         listed = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in diff)
         raise UserError(f"Cannot resume from {path}: the settings differ from the checkpoint's "
                         f"({listed}). Resume with the checkpoint's settings, or start a new run "
                         f"without trainer.resume. Only {', '.join(MAY_CHANGE_ON_RESUME)} may "
                         "change on resume.")
+
+
+def schema_default(key: str):
+    """The schema's default of a dotted key ("optim.qk_clip" -> None), or a marker equal to no
+    value where the key has none. A key that a checkpoint's config lacks was added to the
+    schema after it was written; at its default it changes nothing, so the run resumes."""
+    group, _, name = key.partition(".")
+    cls = SCHEMA.get(group)
+    for f in fields(cls) if cls is not None else ():
+        if f.name == name:
+            return f.default if f.default is not MISSING else f.default_factory()
+    return MISSING
 
 
 def finished(step: int, max_steps: int, run_dir: Path, rank: int) -> bool:

@@ -139,6 +139,26 @@ def test_resume_with_changed_settings_is_refused_naming_them(
     assert snapshot(run_dir) == before
 
 
+def test_a_checkpoint_from_before_a_key_existed_resumes_at_its_default(tiny_cfg, tiny_run,
+                                                                     tmp_path):
+    """A checkpoint written before optim.qk_clip, trainer.z_loss, scaling.attn_mult and the
+    param group existed (its config lacks them) resumes when they are at their defaults, which
+    change nothing, and is refused, naming the key, when one is set."""
+    run_dir = copy_run(tiny_run[0], tmp_path / "run")   # at step 8
+    last = run_dir / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=False)
+    for group, key in (("optim", "qk_clip"), ("trainer", "z_loss"), ("scaling", "attn_mult")):
+        del ckpt["config"][group][key]
+    del ckpt["config"]["param"]
+    torch.save(ckpt, last)
+    with pytest.raises(UserError, match=r"optim.qk_clip: checkpoint None, now 1.0"):
+        train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12",
+                                      "optim.qk_clip=1.0"]), run_dir)
+    summary = train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12"]),
+                          run_dir)
+    assert summary["steps"] == 12
+
+
 def test_settings_on_the_allow_list_may_change_on_resume(tiny_cfg, tiny_run,
                                                          tmp_path):
     run_dir = copy_run(tiny_run[0], tmp_path / "run")   # at step 8
