@@ -141,6 +141,13 @@ class GPTConfig:
                               "0.02, the default) or a positive finite number, e.g. "
                               "1/sqrt(model.d_model) for unit-variance q and k at initialisation.")
 
+    @classmethod
+    def from_dict(cls, fields: dict) -> "GPTConfig":
+        """A GPTConfig from dataclasses.asdict's form (a checkpoint's model_config), its nested
+        configs rebuilt; a checkpoint from before `param` existed is sp (ParamConfig())."""
+        return cls(**{**fields, "scaling": ScalingConfig(**fields["scaling"]),
+                      "param": ParamConfig(**fields.get("param", {}))})
+
     @property
     def width_mult(self) -> float:
         """muP's m = d_model / param.base_width; 1 under param=sp."""

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from data.tokenizer import encode  # noqa: E402
-from model.config import GPTConfig, ParamConfig, ScalingConfig  # noqa: E402
+from model.config import GPTConfig  # noqa: E402
 from model.errors import UserError  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from trainer import checkpoint  # noqa: E402
@@ -37,11 +37,7 @@ def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, in
         raise UserError(f"Cannot sample from {err.path}: {err.problem} Sample from a run "
                         "directory trained by this version of train.py (it reads "
                         "checkpoints/best.pt, or last.pt with --checkpoint last).") from None
-    fields = dict(ckpt["model_config"])
-    # a run from before param existed is sp (ParamConfig's defaults)
-    config = GPTConfig(**{**fields, "scaling": ScalingConfig(**fields["scaling"]),
-                          "param": ParamConfig(**fields.get("param", {}))})
-    model = GPT(config)
+    model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt["pad_id"]
 
