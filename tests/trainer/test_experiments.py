@@ -240,6 +240,6 @@ def test_width_transfer_is_sp_and_mup_by_both_scales_over_8x_the_width_on_a_fact
     assert lines[1] == ("# python train.py experiment=width_transfer hydra/launcher=joblib "
                         "trainer.seed=1")
     assert any("trainer.resume=auto" in line for line in lines)
-    assert any(line.startswith("# Wall time: not measured.") for line in lines)
+    assert any(line.startswith("# Wall time: not measured") for line in lines)
     assert any(line.startswith("# Report: python scripts/plot_runs.py "
                                "multirun/width_transfer/<time> ") for line in lines)
