@@ -1,7 +1,7 @@
 """A decoder-only transformer (GPT-2 shape) built on model.attention.MultiHeadAttention: token
 and learned position embeddings, pre-LayerNorm blocks (attention, a 4x GELU MLP), a final
 LayerNorm and an LM head tied to the token embeddings; GPT-2 initialisation (Radford et al.
-2019, as in nanoGPT), which param=mup rescales with the width (init_width, readout_mult).
+2019, as in nanoGPT), which param=mup rescales with the width (model/mup.py, readout_mult).
 Dimension letters: B batch, T time, C model width (d_model), V vocabulary.
 """
 
@@ -84,34 +84,15 @@ class GPT(nn.Module):
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
-        HD = config.n_head * config.d_head
         if config.qk_init_std is not None:  # q and k rows [0, 2HD) of each fused qkv weight
             for block in self.blocks:
+                HD = config.n_head * config.d_head
                 nn.init.normal_(block.attn.qkv.weight[:2 * HD], mean=0.0, std=config.qk_init_std)
-        self.init_width(config.width_mult, config.param.zero_query, HD)
+        if config.param.name == "mup" or config.param.zero_query:
+            from model import mup  # an option: loaded only for param=mup (or a zero query)
+            mup.init_width(self)
         # muP's read-out (mup's MuSharedReadout: the tied weight, its input times output_mult / m)
         self.readout_mult = config.param.output_mult / config.width_mult
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        """The weights with both dimensions growing with d_model, muP's "hidden" matrices: q, k,
-        v, attention output, MLP in and out. The embeddings (the tied read-out among them) have
-        one (V or T by C); norm gains, biases and scales are vectors."""
-        return [w for block in self.blocks for w in (block.attn.qkv.weight, block.attn.proj.weight,
-                                                     block.mlp.fc.weight, block.mlp.proj.weight)]
-
-    @torch.no_grad()
-    def init_width(self, width_mult: float, zero_query: bool, q_rows: int) -> None:
-        """param's initialisation on top of GPT-2's: the hidden matrices' std divided by
-        sqrt(m), so each one's output keeps its size as the fan-in grows (muP; sp's draws,
-        scaled, so the random stream is sp's); with zero_query q's rows [0, HD) of each qkv
-        weight at zero, so that every logit is 0 and attention uniform at step 0, as Yang et al.
-        2022 recommend. docs/scaling.md, section 9."""
-        if width_mult != 1.0:
-            for weight in self.hidden_matrices():
-                weight.mul_(1.0 / math.sqrt(width_mult))
-        if zero_query:
-            for block in self.blocks:
-                block.attn.qkv.weight[:q_rows].zero_()
 
     @property
     def attention_name(self) -> str:

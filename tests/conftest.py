@@ -46,7 +46,7 @@ def single_thread():
 # infrastructure of sweeps (README, "Reading the code").
 OPTIONS = {"model.cpu_autocast", "data.text", "data.hub", "data.bpe", "data.documents",
            "data.padded", "data.recall", "trainer.loggers", "trainer.resume",
-           "trainer.overrides", "trainer.qk_clip"}
+           "trainer.overrides", "trainer.qk_clip", "model.mup"}
 INFRASTRUCTURE = {"trainer.launch"}
 
 

@@ -22,6 +22,8 @@ SEAMS = {
     ("trainer.build", "build", "trainer.qk_clip"),
     ("trainer.step", "train_step", "trainer.qk_clip"),
     ("trainer.build", "attention_class", "model.cpu_autocast"),
+    ("trainer.build", "make_optimizer", "model.mup"),
+    ("model.gpt", "__init__", "model.mup"),
     ("data.prepare", "open_source", "data.hub"),
     ("data.prepare", "open_source", "data.text"),
     ("data.prepare", "build_tokenizer", "data.bpe"),

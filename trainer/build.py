@@ -227,11 +227,12 @@ def precision_name(dtype: Optional[torch.dtype]) -> str:
 def make_optimizer(model: GPT, optim_cfg: OptimConfig,
                    device: torch.device) -> torch.optim.AdamW:
     """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales;
-    under param=mup the hidden matrices in a group of their own (mup_groups). Fused: one
+    under param=mup the hidden matrices in a group of their own (model/mup.py). Fused: one
     kernel for all parameters, on the CPU too (docs/benchmarks.md)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if model.config.param.name == "mup":
-        groups = mup_groups(params, model, optim_cfg)
+        from model import mup  # an option: loaded only for param=mup
+        groups = mup.param_groups(params, model, optim_cfg.lr, optim_cfg.weight_decay)
     else:
         groups = [{"params": [p for p in params if p.dim() >= 2],
                    "weight_decay": optim_cfg.weight_decay},
@@ -239,20 +240,6 @@ def make_optimizer(model: GPT, optim_cfg: OptimConfig,
     return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                              eps=optim_cfg.eps,
                              fused=True if device.type in ("cuda", "cpu") else None)
-
-
-def mup_groups(params: list[torch.nn.Parameter], model: GPT,
-               optim_cfg: OptimConfig) -> list[dict]:
-    """muP's AdamW groups (mup's MuAdam), m = d_model / param.base_width: the embeddings (the
-    tied read-out among them) and the vectors at optim.lr, the hidden matrices at lr / m with
-    weight decay * m. AdamW shrinks a weight by lr * decay a step, so theirs stays SP's at the
-    base width. The first group has optim.lr, the LR the train records log."""
-    m, hidden = model.config.width_mult, {id(w) for w in model.hidden_matrices()}
-    return [{"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden],
-             "weight_decay": optim_cfg.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-            {"params": [p for p in params if id(p) in hidden], "lr": optim_cfg.lr / m,
-             "weight_decay": optim_cfg.weight_decay * m}]
 
 
 def lr_at(step: int, optim_cfg: OptimConfig, max_steps: int) -> float:

@@ -10,7 +10,7 @@ from conftest import INFRASTRUCTURE, OPTIONS, ROOT
 
 # The lines of the project's files (docstrings, comments and blank lines included) that a
 # default run loads; a change that adds to them raises this bound on purpose, in review.
-MAX_DEFAULT_RUN_LINES = 3000
+MAX_DEFAULT_RUN_LINES = 3120
 
 VERSE = ("ROMEO: But soft, what light through yonder window breaks?\nIt is the east, and "
          "Juliet is the sun.\nJULIET: O Romeo, Romeo, wherefore art thou Romeo?\n")

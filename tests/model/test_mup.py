@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from model import mup as mup_rules
 from model.config import GPTConfig, ParamConfig, ScalingConfig
 from model.errors import ConfigError
 from model.gpt import GPT
@@ -72,7 +73,7 @@ def test_mup_divides_hidden_init_by_sqrt_m_zeroes_q_and_leaves_embeddings_and_ve
     else (embeddings, the tied read-out, norm gains) is sp's exactly."""
     sp, mup = model("sp", 4 * BASE), model("mup", 4 * BASE)
     hidden = {name for name, p in mup.named_parameters()
-              if any(p is w for w in mup.hidden_matrices())}
+              if any(p is w for w in mup_rules.hidden_matrices(mup))}
     assert len(hidden) == 4 * 2   # q, k, v (fused), attn out, MLP in and out, per layer
     HD = 4 * BASE
     for (name, p_sp), (_, p_mup) in zip(sp.named_parameters(), mup.named_parameters()):

@@ -1,0 +1,49 @@
+"""muP's width rules (Yang et al. 2022, Tensor Programs V; docs/scaling.md, section 9): an
+option, loaded by GPT.__init__ (param=mup, or param.zero_query=true) and by
+trainer.build.make_optimizer (param=mup) only. With m = d_model / param.base_width, the hidden
+matrices start at GPT-2's std / sqrt(m) and train at AdamW's lr / m with weight decay * m; the
+query projection may start at zero. The read-out multiplier, output_mult / m, is one line of
+GPT.forward.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+
+def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The weights of a GPT with both dimensions growing with d_model, muP's "hidden" matrices:
+    q, k, v, attention output, MLP in and out. The embeddings (the tied read-out among them)
+    have one (V or T by C); norm gains, biases and scales are vectors."""
+    return [w for block in model.blocks for w in (block.attn.qkv.weight, block.attn.proj.weight,
+                                                  block.mlp.fc.weight, block.mlp.proj.weight)]
+
+
+@torch.no_grad()
+def init_width(model: nn.Module) -> None:
+    """param's initialisation on top of GPT-2's: the hidden matrices' std divided by sqrt(m),
+    so each one's output keeps its size as the fan-in grows (sp's draws, scaled, so the random
+    stream is sp's); with param.zero_query q's rows [0, HD) of each qkv weight at zero, so that
+    every logit is 0 and attention uniform at step 0, as Yang et al. 2022 recommend."""
+    config = model.config
+    if config.width_mult != 1.0:
+        for weight in hidden_matrices(model):
+            weight.mul_(1.0 / math.sqrt(config.width_mult))
+    if config.param.zero_query:
+        for block in model.blocks:
+            block.attn.qkv.weight[:config.n_head * config.d_head].zero_()
+
+
+def param_groups(params: list[nn.Parameter], model: nn.Module, lr: float,
+                 weight_decay: float) -> list[dict]:
+    """muP's AdamW groups (mup's MuAdam): the embeddings (the tied read-out among them) and the
+    vectors at lr, the hidden matrices at lr / m with weight decay * m. AdamW shrinks a weight
+    by its LR times its decay a step, so theirs stays SP's at the base width. The first group
+    has optim.lr, the LR the train records log."""
+    m, hidden = model.config.width_mult, {id(w) for w in hidden_matrices(model)}
+    return [{"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden],
+             "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [p for p in params if id(p) in hidden], "lr": lr / m,
+             "weight_decay": weight_decay * m}]
