@@ -67,7 +67,7 @@ def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
     assert not any("SCIENCE" in line for line in lines)
 
 
-@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + ("width_transfer",))
+@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS)
 def test_every_swept_value_builds_a_valid_config(name):
     """Each value of each swept key, in the preset and built into the dataclasses the run uses:
     a value the schema or a __post_init__ check refuses fails here, not an hour into the sweep.
@@ -188,58 +188,3 @@ def test_recall_headline_is_an_lr_grid_a_factor_2_apart_on_the_headline_cell():
     assert (cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.optim.min_lr) == (600, 25, 0.0)
     assert header("recall_headline")[1].startswith("# python train.py experiment=recall_headline")
 
-
-def test_lr_stability_is_an_lr_grid_from_1e3_past_3e1_at_d_head_64():
-    """Wortsman et al.'s setting shrunk: the default corpus, heads of width 64, AdamW (0.9,
-    0.95) without weight decay, a short warm-up; LRs a factor 2 apart from 1e-3 to past 3e-1,
-    the four scales here and the three bounds from the commands in its header, each valid."""
-    cfg = compose_preset("lr_stability")
-    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
-    assert cfg.hydra.sweep.dir.startswith("multirun/lr_stability/")
-    assert sweep_values(cfg, "trainer.seed") == ["1"]
-    assert sweep_values(cfg, "scaling") == ["sqrt_dk", "none", "dk", "qk_norm"]
-    lrs = sorted(float(v) for v in sweep_values(cfg, "optim.lr"))
-    assert lrs[0] == 1e-3 and lrs[-1] >= 3e-1
-    assert all(math.isclose(b / a, 2.0) for a, b in zip(lrs, lrs[1:]))
-    assert cfg.data.source == DataConfig().source   # the default corpus
-    assert cfg.model.d_model // cfg.model.n_head == 64 and cfg.model.d_head is None
-    assert list(cfg.optim.betas) == [0.9, 0.95] and cfg.optim.weight_decay == 0.0
-    assert cfg.optim.warmup_steps <= 0.1 * cfg.trainer.max_steps and cfg.optim.min_lr == 0.0
-    text = "\n".join(header("lr_stability"))
-    bounds = ("scaling.softcap=50", "optim.qk_clip=50", "trainer.z_loss=1e-4")
-    assert all(f"scaling=sqrt_dk {b}" in text for b in bounds)
-    plain = compose_preset("lr_stability", hydra=False)
-    for extra in ([], ["scaling.softcap=50"], ["optim.qk_clip=50"], ["trainer.z_loss=1e-4"]):
-        c = derive(plain, extra)
-        ScalingConfig(**OmegaConf.to_container(c.scaling))
-        OptimConfig(**OmegaConf.to_container(c.optim))
-        TrainerConfig(**OmegaConf.to_container(c.trainer))
-
-
-def test_width_transfer_is_sp_and_mup_by_both_scales_over_8x_the_width_on_a_factor_2_grid():
-    """param=sp,mup x scaling=sqrt_dk,dk x d_model 64..512 at a fixed n_head (so d_head grows
-    with the width), each on LRs a factor 2 apart, seeds 1 and 2, on the default corpus at the
-    default run's horizon; the header's first command runs one seed, the stages resume."""
-    cfg = preset("width_transfer")
-    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
-    assert cfg.hydra.sweep.dir.startswith("multirun/width_transfer/")
-    assert sweep_values(cfg, "trainer.seed") == ["1", "2"]
-    assert sweep_values(cfg, "param") == ["sp", "mup"]
-    assert sweep_values(cfg, "scaling") == ["sqrt_dk", "dk"]
-    widths = [int(v) for v in sweep_values(cfg, "model.d_model")]
-    assert widths == [64, 128, 256, 512] and widths[-1] / widths[0] >= 8
-    assert cfg.model.n_head == 4 and cfg.model.d_head is None   # d_head = d_model / 4
-    assert cfg.param.base_width in widths   # mup is sp at one width of the sweep
-    lrs = sorted(float(v) for v in sweep_values(cfg, "optim.lr"))
-    assert len(lrs) >= 6 and lrs[0] <= 5e-4 and lrs[-1] >= 3.2e-2
-    assert all(math.isclose(b / a, 2.0) for a, b in zip(lrs, lrs[1:]))
-    assert cfg.data.source == DataConfig().source   # the default corpus
-    assert cfg.trainer.max_steps == TrainerConfig().max_steps
-    assert cfg.optim.min_lr == 0.0 and cfg.trainer.on_nan == "stop"
-    lines = header("width_transfer")
-    assert lines[1] == ("# python train.py experiment=width_transfer hydra/launcher=joblib "
-                        "trainer.seed=1")
-    assert any("trainer.resume=auto" in line for line in lines)
-    assert any(line.startswith("# Wall time: not measured") for line in lines)
-    assert any(line.startswith("# Report: python scripts/plot_runs.py "
-                               "multirun/width_transfer/<time> ") for line in lines)
