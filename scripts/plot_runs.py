@@ -29,6 +29,10 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
 - DIR/qk_grad_norms.png q and k projection gradient norms vs step
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
                         the setting, and each scale's loss at its chosen LR (held-out seeds)
+- DIR/lr_stability.png  an LR sweep whose runs record per-head statistics: each arm's loss vs
+                        LR in one panel, and its largest attention logit and most one-hot
+                        head's normalised entropy vs step at its highest stable and first
+                        failing LR (scripts/report/stability_figure.py)
 - DIR/heads_<run>.png   with --heads RUN_DIR: that run's attention statistics per head (a
                         panel per layer, a line per head), so the one head that saturates
                         shows; with --heads-seed SEED: the same for the run of that seed in
@@ -84,6 +88,7 @@ from scripts.report.runs import (  # noqa: E402
     varying_keys,
 )
 from scripts.report.runs_csv import read_runs_csv, write_runs_csv  # noqa: E402
+from scripts.report.stability_figure import plot_stability  # noqa: E402
 from scripts.report.tables import Reading, appendix, markdown_report  # noqa: E402
 
 
@@ -270,6 +275,8 @@ def report(args, levels: Optional[dict]) -> int:
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
     if lr_runs:
         plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held, levels)
+        if args.from_csv is None:
+            plot_stability(lr_runs, args.loss, args.out / "lr_stability.png", levels)
     for run_dir in args.heads:
         notes.append(draw_heads(run_dir, args.out))
     if args.heads_seed is not None:

@@ -358,6 +358,47 @@ def make_run(sweep: Path, overrides: list[str], val: list[float], *, step=10, fu
     return run
 
 
+# stability_sweep: arm -> {lr: final whole-split loss at seed 0}, None where the run diverges
+# (seed s adds 0.01 s, the soft-capped arm 0.02 s); none diverges at 1e-2 on seed 2 only
+STABILITY_LRS = (1e-3, 1e-2, 1e-1)
+STABILITY_FINALS = {"sqrt_dk": (2.0, 1.5, None), "none": (2.2, 1.7, None),
+                    "softcap": (2.0, 1.5, 1.6)}
+
+
+def stability_head_value(stat: str, lr: float, seed: int, where: tuple[int, int, int]) -> float:
+    """stability_sweep's per-head statistic at (eval index i, layer, head): the max logit
+    grows with the LR, the step and the head; the normalised entropy falls with them."""
+    i, layer, head = where
+    grow = (i + 1) * (layer + 1) * (head + 1) * lr
+    return 1000 * grow + seed if stat == "max_logit" else 1 / (1 + 10 * grow)
+
+
+def stability_sweep(root: Path) -> Path:
+    """An lr_stability-like sweep: arms sqrt_dk, none and sqrt_dk with scaling.softcap=50 at
+    STABILITY_LRS, seeds 1 and 2, 2 layers x 2 heads of per-head statistics in every eval."""
+    sweep = root / "stability"
+    for arm, finals in STABILITY_FINALS.items():
+        for lr, final in zip(STABILITY_LRS, finals):
+            for seed in (1, 2):
+                bad = final is None or (arm == "none" and lr == 1e-2 and seed == 2)
+                loss = math.nan if bad else final + (0.02 if arm == "softcap" else 0.01) * seed
+                overrides = [f"optim.lr={lr}", "scaling=none" if arm == "none" else
+                             "scaling=sqrt_dk", *(["scaling.softcap=50"] if arm == "softcap"
+                                                  else []), f"trainer.seed={seed}"]
+                run = make_run(sweep, overrides, [4.0, 3.0, 2.5 if bad else loss + 0.1, loss],
+                               full=None if bad else loss, diverged=bad)
+                metrics = run / "metrics.jsonl"
+                records = [json.loads(line) for line in metrics.read_text().splitlines()]
+                evals = [r for r in records if r["kind"] == "eval"]
+                for i, record in enumerate(evals):
+                    value = math.nan if bad and i == len(evals) - 1 else None
+                    record["attn_heads"] = {stat: [[stability_head_value(stat, lr, seed, (
+                        i, layer, head)) if value is None else value for head in range(2)]
+                        for layer in range(N_LAYER)] for stat in ("max_logit", "entropy_norm")}
+                metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return sweep
+
+
 def table_row(text: str, first: str, second: str = None) -> list[str]:
     """The cells of the first Markdown table row of `text` whose first (and second) cell
     match."""
@@ -406,7 +447,7 @@ def unrendered_figures(monkeypatch):
 
 # The figures of scripts/plot_runs.py but the per-head one (--heads, --heads-seed).
 STEP_AND_LR_FIGURES = ("plot_losses", "plot_accuracy", "plot_vs_baseline", "plot_diagnostics",
-                       "plot_qk_grads", "plot_lr")
+                       "plot_qk_grads", "plot_lr", "plot_stability")
 
 
 def without_figures(mp: pytest.MonkeyPatch) -> None:

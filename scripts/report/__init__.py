@@ -7,5 +7,7 @@
     runs_csv.py   runs.csv: one row per run, and the runs read back from it (--from-csv)
     figures.py    the step-curve figures (losses, attention diagnostics, q/k gradient norms)
     lr_figure.py  the learning-rate figure of an LR sweep
+    stability_figure.py  the high-LR figure: loss vs LR per arm, logits and entropy at the
+                  highest stable and first failing LR
     ngram.py      the n-gram reference levels of a run's corpus (cached next to its token cache)
 """

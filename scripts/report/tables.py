@@ -234,10 +234,13 @@ def diagnostics_table(groups: dict[tuple, list[RunRecord]], pick: int, title: st
 ONE_LR = "one LR: not defined"
 
 
-def lr_section(runs: list[RunRecord], which: str, baseline: str, levels: Optional[dict],
+def lr_section(runs: list[RunRecord], which: str, refs: tuple, levels: Optional[dict],
                plan: st.Plan) -> list[str]:
     """Best LR, loss at it on held-out seeds, LR sensitivity per variant and setting, and the
-    paired differences of the last two against the baseline at each setting."""
+    paired differences of the last two against each reference of refs: first the baseline
+    scale, (VARIANT_KEY, baseline), then each --pair (key, value), such as a sweep's runs
+    without a bound (scaling.softcap=null) for the runs with one. A table per reference is a
+    Holm family."""
     variants = group_runs(runs, drop=(LR_KEY,))
     summaries = {key: st.lr_table(vruns, which) for key, vruns in variants.items()}
     chosen = st.held_out(runs, which, plan)
@@ -268,24 +271,33 @@ def lr_section(runs: list[RunRecord], which: str, baseline: str, levels: Optiona
     # a one-LR group's sensitivity is 0 by construction: it is compared with nothing
     sens_seed = {key: st.sensitivity_by_seed(table) for key, table in summaries.items()
                  if len(table) > 1}
-    lines += ["", "Loss at each variant's own chosen LR on the held-out seeds, paired by seed"
-              f" against `{baseline}` at the same setting:", ""]
-    lines += paired_table(best_loss, (VARIANT_KEY, baseline), "loss at chosen LR")
-    if any(dict(key).get(VARIANT_KEY) == baseline for key in sens_seed):
-        lines += ["", f"LR sensitivity, paired by seed against `{baseline}` (the groups with"
+    for ref in refs:
+        lines += lr_comparisons(best_loss, sens_seed, ref)
+    lines += ["", "Mean clipped final loss per learning rate (a diverged run counts as its loss"
+              " at init; `failed` = runs that failed), and the largest LR each group survives:",
+              ""]
+    return lines + lr_grid(variants, summaries, which, levels)
+
+
+def lr_comparisons(best_loss: dict, sens_seed: dict, ref: tuple) -> list[str]:
+    """The loss at each group's chosen LR and its LR sensitivity (the groups with more than
+    one LR), paired by seed against the group of the same setting with ref = (key, value)."""
+    name = ref_text(ref)
+    lines = ["", f"Loss at each variant's own chosen LR on the held-out seeds, paired by seed"
+             f" against `{name}` at the same setting:", ""]
+    lines += paired_table(best_loss, ref, "loss at chosen LR")
+    if any(dict(key).get(ref[0]) == ref[1] for key in sens_seed):
+        lines += ["", f"LR sensitivity, paired by seed against `{name}` (the groups with"
                   " more than one LR):", ""]
-        lines += paired_table(sens_seed, (VARIANT_KEY, baseline), "LR sensitivity")
+        lines += paired_table(sens_seed, ref, "LR sensitivity")
     elif sens_seed:
-        lines += ["", f"LR sensitivity: not compared. `{baseline}` ran one LR in this sweep,"
+        lines += ["", f"LR sensitivity: not compared. `{name}` ran one LR in this sweep,"
                   " where the sensitivity is 0 by construction (`one LR` above); the groups with"
                   " more than one LR have theirs in the table above."]
     else:
         lines += ["", "LR sensitivity: not compared. Every group ran one LR in this sweep, where"
                   " the sensitivity is 0 by construction (`one LR` above)."]
-    lines += ["", "Mean clipped final loss per learning rate (a diverged run counts as its loss"
-              " at init; `failed` = runs that failed), and the largest LR each group survives:",
-              ""]
-    return lines + lr_grid(variants, summaries, which, levels)
+    return lines
 
 
 def seeds_text(seeds) -> str:
@@ -401,7 +413,8 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
                   " A failed run keeps its clipped loss here: dropping it would favour the"
                   " LRs that fail. `(grid edge)`: the best LR is the smallest or largest tried,"
                   " so the optimum may lie outside the grid.", ""]
-        lines += lr_section(lr_runs, which, baseline, levels, plan or st.Plan())
+        lines += lr_section(lr_runs, which, ((VARIANT_KEY, baseline), *pairs),
+                            levels, plan or st.Plan())
     return "\n".join(lines) + "\n"
 
 

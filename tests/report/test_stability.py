@@ -1,0 +1,112 @@
+"""The high-LR report (scripts/report/stability_figure.py, and the LR tables' pairing of a bound
+against the same scale without it): on conftest.stability_sweep, where sqrt_dk fails at 1e-1,
+none at 1e-2 (seed 2) and 1e-1, and sqrt_dk with scaling.softcap=50 at no LR."""
+
+import math
+
+import pytest
+from conftest import (
+    report_in_process,
+    stability_head_value,
+    stability_sweep,
+    table_row,
+)
+
+from scripts.report import stats as st
+from scripts.report.runs import LR_KEY, group_runs, load_runs
+from scripts.report.stability_figure import arm_labels, edge_runs, head_extreme, plot_stability
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return stability_sweep(tmp_path_factory.mktemp("stability"))
+
+
+@pytest.fixture(scope="module")
+def arms(sweep):
+    runs, _ = load_runs([sweep])
+    groups = group_runs(runs, drop=(LR_KEY,))
+    names = arm_labels(list(groups))
+    return {names[key]: runs for key, runs in groups.items()}
+
+
+def test_each_arm_is_named_by_its_scale_and_the_bound_it_adds(arms):
+    assert set(arms) == {"sqrt_dk", "none", "sqrt_dk, softcap=50"}
+
+
+def test_edge_runs_are_the_highest_stable_and_the_first_failing_lr(arms):
+    picked = {name: [(text, run.lr, run.seed) for text, run in edge_runs(runs, "full", None)]
+              for name, runs in arms.items()}
+    assert picked["sqrt_dk"] == [("lr 0.01: highest stable", 1e-2, "1"),
+                                 ("lr 0.1: first failing", 1e-1, "1")]
+    # none fails at 1e-2 on seed 2 only: that run, not seed 1's, which did not fail
+    assert picked["none"] == [("lr 0.001: highest stable", 1e-3, "1"),
+                              ("lr 0.01: first failing", 1e-2, "2")]
+    assert picked["sqrt_dk, softcap=50"] == [("lr 0.1: highest stable", 1e-1, "1")]
+    assert st.survives_up_to(arms["none"], "full", None) == 1e-3
+
+
+def test_head_extremes_are_the_max_logit_and_the_least_entropy_over_layers_and_heads(arms):
+    run = next(r for r in arms["sqrt_dk"] if r.lr == 1e-2 and r.seed == "1")
+    steps, logits = head_extreme(run, "max_logit", max)
+    assert steps == [0, 10, 20, 30]
+    assert logits == [pytest.approx(stability_head_value("max_logit", 1e-2, 1, (i, 1, 1)))
+                      for i in range(4)]
+    _, entropy = head_extreme(run, "entropy_norm", min)
+    assert entropy == [pytest.approx(stability_head_value("entropy_norm", 1e-2, 1, (i, 1, 1)))
+                       for i in range(4)]
+    failed = next(r for r in arms["sqrt_dk"] if r.lr == 1e-1 and r.seed == "1")
+    assert head_extreme(failed, "max_logit", max)[0] == [0, 10, 20]   # the NaN eval left out
+
+
+def test_the_figure_draws_each_arms_curve_and_its_edge_runs(sweep, tmp_path, monkeypatch,
+                                                             unrendered_figures):
+    import scripts.report.stability_figure as sf
+    shown = []
+    monkeypatch.setattr(sf.plt, "close", shown.append)
+    runs, _ = load_runs([sweep])
+    assert plot_stability(runs, "full", tmp_path / "lr_stability.png")
+    fig = shown[0]
+    top = fig.axes[0]
+    assert [t.get_text() for t in top.get_legend().get_texts()] == [
+        "sqrt_dk", "sqrt_dk, softcap=50", "none"]
+    crosses = [line for line in top.lines if line.get_marker() == "x"]
+    assert [list(line.get_xdata()) for line in crosses] == [[1e-1], [], [1e-2, 1e-1]]
+    panels = {ax.get_title(): ax for ax in fig.axes[1:] if ax.get_title()}
+    assert set(panels) == {"sqrt_dk", "sqrt_dk, softcap=50", "none"}
+    lines = panels["none"].lines
+    assert [line.get_label() for line in lines] == ["lr 0.001: highest stable",
+                                                    "lr 0.01: first failing"]
+    assert lines[1].get_ydata()[-1] == pytest.approx(
+        stability_head_value("max_logit", 1e-2, 2, (2, 1, 1)))
+    assert panels["none"].get_yscale() == "log"
+    assert len(panels["sqrt_dk, softcap=50"].lines) == 1   # it never failed
+    without = [r for r in runs if r.lr == 1e-3]
+    for r in without:
+        r.evals = [{k: v for k, v in e.items() if k != "attn_heads"} for e in r.evals]
+    assert not plot_stability(without, "full", tmp_path / "none.png")
+
+
+def test_a_bound_is_paired_with_its_scale_without_it_in_the_lr_tables(sweep, tmp_path,
+                                                                      tables_only):
+    out = tmp_path / "out"
+    assert report_in_process(sweep, "--out", out, "--pair", "scaling.softcap=null") == 0
+    text = (out / "results.md").read_text()
+    against = text.split("paired by seed against `scaling.softcap=default` (the groups with"
+                         " more than one LR)")
+    assert len(against) == 2
+    row = table_row(against[1], "scaling.softcap=50", "sqrt_dk")
+    # per seed s, sensitivity = mean over the 3 LRs of the clipped loss - its minimum: sqrt_dk
+    # (2.0, 1.5, 4.0 its loss at init) + 0.01 s -> 1 - s/300; soft-capped (2.0, 1.5, 1.6) +
+    # 0.02 s -> 0.2; their difference -0.8 + s/300 over seeds 1 and 2
+    diffs = [0.2 - (1 - s / 300) for s in (1, 2)]
+    assert row[2] == "2"
+    assert float(row[3].split(" ± ")[0].replace("−", "-")) == pytest.approx(
+        sum(diffs) / 2, abs=5e-5)
+    assert "Family: 1 paired t-tests" in against[1].split("\n\n")[2]
+    # the baseline's tables are still there, and list no soft-capped row
+    baseline = text.split("paired by seed against `sqrt_dk` (the groups with more than one LR)")
+    assert len(baseline) == 2
+    assert table_row(baseline[1], "scaling.softcap=default", "none")
+    assert math.isfinite(float(table_row(baseline[1], "scaling.softcap=default", "none")[3]
+                               .split(" ± ")[0].replace("−", "-")))
