@@ -33,6 +33,10 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
                         LR in one panel, and its largest attention logit and most one-hot
                         head's normalised entropy vs step at its highest stable and first
                         failing LR (scripts/report/stability_figure.py)
+- DIR/width_transfer.png  an LR sweep that varies model.d_model: per cell, loss vs LR with a
+                        line per width, and each seed's optimal LR vs width; results.md's
+                        "## Width" gives the drift of the optimum per doubling of width and
+                        whether wider is better (scripts/report/width.py)
 - DIR/heads_<run>.png   with --heads RUN_DIR: that run's attention statistics per head (a
                         panel per layer, a line per head), so the one head that saturates
                         shows; with --heads-seed SEED: the same for the run of that seed in
@@ -90,6 +94,8 @@ from scripts.report.runs import (  # noqa: E402
 from scripts.report.runs_csv import read_runs_csv, write_runs_csv  # noqa: E402
 from scripts.report.stability_figure import plot_stability  # noqa: E402
 from scripts.report.tables import Reading, appendix, markdown_report  # noqa: E402
+from scripts.report.width import WIDTH_KEY  # noqa: E402
+from scripts.report.width_figure import plot_width  # noqa: E402
 
 
 def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
@@ -277,6 +283,8 @@ def report(args, levels: Optional[dict]) -> int:
         plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held, levels)
         if args.from_csv is None:
             plot_stability(lr_runs, args.loss, args.out / "lr_stability.png", levels)
+        if WIDTH_KEY in varying_keys(lr_runs):
+            plot_width(lr_runs, args.loss, args.out / "width_transfer.png")
     for run_dir in args.heads:
         notes.append(draw_heads(run_dir, args.out))
     if args.heads_seed is not None:

@@ -399,6 +399,38 @@ def stability_sweep(root: Path) -> Path:
     return sweep
 
 
+# width_sweep: the widths, the LR grid (log2) and each seed's drift of the optimal LR per
+# doubling of width, per parameterisation
+WIDTHS = (64, 128, 256)
+LOG2_LRS = range(-12, -3)            # LRs 2^-12 .. 2^-4
+SLOPES = {"sp": {1: -1.1, 2: -0.9, 3: -1.0}, "mup": {1: 0.05, 2: -0.05, 3: 0.0}}
+
+
+def optimum(param: str, width: int, seed: int) -> float:
+    return -6.0 + SLOPES[param][seed] * math.log2(width / 64)
+
+
+def loss_at(param: str, width: int, seed: int, log2_lr: int) -> float:
+    """A parabola in log2 LR around the optimum, lower at wider widths."""
+    return (2.0 - 0.1 * math.log2(width / 64) + 0.001 * seed
+            + 0.1 * (log2_lr - optimum(param, width, seed)) ** 2)
+
+
+def width_sweep(root: Path) -> Path:
+    """param=sp,mup x model.d_model WIDTHS x optim.lr 2^LOG2_LRS x seeds 1-3 on sqrt_dk, each
+    run's whole-split loss loss_at(...)."""
+    sweep = root / "width"
+    for param in SLOPES:
+        for width in WIDTHS:
+            for k in LOG2_LRS:
+                for seed in (1, 2, 3):
+                    loss = loss_at(param, width, seed, k)
+                    make_run(sweep, [f"model.d_model={width}", f"optim.lr={2.0 ** k}",
+                                     f"param={param}", "scaling=sqrt_dk",
+                                     f"trainer.seed={seed}"], [8.0, 6.0, loss + 0.1], full=loss)
+    return sweep
+
+
 def table_row(text: str, first: str, second: str = None) -> list[str]:
     """The cells of the first Markdown table row of `text` whose first (and second) cell
     match."""
@@ -447,7 +479,7 @@ def unrendered_figures(monkeypatch):
 
 # The figures of scripts/plot_runs.py but the per-head one (--heads, --heads-seed).
 STEP_AND_LR_FIGURES = ("plot_losses", "plot_accuracy", "plot_vs_baseline", "plot_diagnostics",
-                       "plot_qk_grads", "plot_lr", "plot_stability")
+                       "plot_qk_grads", "plot_lr", "plot_stability", "plot_width")
 
 
 def without_figures(mp: pytest.MonkeyPatch) -> None:

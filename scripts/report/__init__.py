@@ -9,5 +9,8 @@
     lr_figure.py  the learning-rate figure of an LR sweep
     stability_figure.py  the high-LR figure: loss vs LR per arm, logits and entropy at the
                   highest stable and first failing LR
+    width.py      LR transfer across width: each width's optimal LR, its drift per doubling,
+                  whether wider is better (results.md's "## Width")
+    width_figure.py  its figure, width_transfer.png
     ngram.py      the n-gram reference levels of a run's corpus (cached next to its token cache)
 """

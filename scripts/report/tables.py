@@ -24,7 +24,9 @@ from scripts.report.runs import (
     group_runs,
     label,
     setting_of,
+    varying_keys,
 )
+from scripts.report.width import WIDTH_KEY, width_section
 
 DIAGNOSTICS = (  # eval-record field, column heading, how layers are combined
     ("attn_entropy", "entropy (nats)", "mean"),
@@ -415,6 +417,8 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
                   " so the optimum may lie outside the grid.", ""]
         lines += lr_section(lr_runs, which, ((VARIANT_KEY, baseline), *pairs),
                             levels, plan or st.Plan())
+        if WIDTH_KEY in varying_keys(lr_runs):
+            lines += [""] + width_section(lr_runs, which)
     return "\n".join(lines) + "\n"
 
 

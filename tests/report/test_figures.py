@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 
 matplotlib.use("Agg")
-from conftest import curve, make_run, stability_sweep, unrendered_savefig  # noqa: E402
+from conftest import (  # noqa: E402
+    curve,
+    make_run,
+    stability_sweep,
+    unrendered_savefig,
+    width_sweep,
+)
 from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -30,6 +36,7 @@ from scripts.report.lr_figure import plot_lr  # noqa: E402
 from scripts.report.runs import group_runs, load_runs  # noqa: E402
 from scripts.report.runs_csv import read_runs_csv, write_runs_csv  # noqa: E402
 from scripts.report.stability_figure import plot_stability  # noqa: E402
+from scripts.report.width_figure import plot_width  # noqa: E402
 
 TOL = 1e-9
 CHANCE_VALUES = 128   # data.num_values of the recall runs: chance loss ln 128 = 4.85
@@ -157,12 +164,14 @@ def makers(root) -> dict:
         "lr_one_lr_per_group": lr_figure(csv_runs(one_lr_sweep(root), root / "one.csv")),
         "lr_stability": lambda p: plot_stability(load_runs([stability_sweep(root)])[0], "full",
                                                  p),
+        "width_transfer": lambda p: plot_width(csv_runs(width_sweep(root), root / "width.csv"),
+                                               "full", p),
     }
 
 
 NAMES = ("loss_curves", "loss_vs_baseline", "diagnostics", "qk_grad_norms",
          "recall_loss_curves", "accuracy_curves", "heads_uniform", "lr_transfer",
-         "lr_one_lr_per_group", "lr_stability")
+         "lr_one_lr_per_group", "lr_stability", "width_transfer")
 STEP_FIGURES = NAMES[:6]   # the small multiples and stat grids: a band per line
 
 

@@ -1,0 +1,82 @@
+"""LR transfer across width (scripts/report/width.py): the optimum per width from a parabola
+in log2 LR, its drift per doubling of width over seeds with Holm over the cells, wider against
+narrower at each width's own best LR, on conftest.width_sweep, whose losses are parabolas in
+log2 LR with known optima: under sp the optimum falls by 1.1, 0.9 and 1.0 (seeds 1-3) per
+doubling, under mup it moves by 0.05, -0.05 and 0."""
+
+import math
+
+import pytest
+from conftest import LOG2_LRS, SLOPES, WIDTHS, loss_at, optimum, table_row, width_sweep
+
+from scripts.report import stats as st
+from scripts.report.runs import load_runs
+from scripts.report.tables import Reading, markdown_report
+from scripts.report.width import (
+    cell_optima,
+    cells,
+    drift_by_seed,
+    optimal_log2_lr,
+    parabola_vertex,
+    width_section,
+)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return load_runs([width_sweep(tmp_path_factory.mktemp("width"))])[0]
+
+
+def test_the_parabola_through_three_points_finds_its_vertex():
+    assert parabola_vertex([0.0, 1.0, 2.0], [(x - 1.3) ** 2 for x in (0, 1, 2)]) == \
+        pytest.approx(1.3)
+    assert parabola_vertex([0.0, 1.0, 3.0], [4.0, 4.0, 4.0]) == 1.0   # flat: the middle point
+    losses = {2.0 ** k: (k + 8.4) ** 2 for k in range(-10, -5)}
+    assert optimal_log2_lr(losses) == pytest.approx(-8.4)
+    assert optimal_log2_lr({2.0 ** k: -k for k in range(-10, -5)}) is None   # lowest at the edge
+
+
+def test_each_seeds_optimum_and_its_drift_per_doubling(runs):
+    by_cell = cells(runs)
+    assert [dict(key)["param"] for key in by_cell] == ["mup", "sp"]
+    for key, by_width in by_cell.items():
+        param = dict(key)["param"]
+        optima = cell_optima(by_width, "full")
+        for width in WIDTHS:
+            for seed in (1, 2, 3):
+                # a parabola through three points of a parabola is exact
+                assert optima[width][str(seed)] == pytest.approx(optimum(param, width, seed))
+        drifts = drift_by_seed(optima)
+        assert drifts == {str(s): pytest.approx(v) for s, v in SLOPES[param].items()}
+
+
+def test_the_width_tables_are_one_holm_family_each(runs):
+    text = "\n".join(width_section(runs, "full"))
+    sp = table_row(text, "scaling=sqrt_dk, param=sp")
+    assert sp[1:4] == ["0.0156 (n=3)", "0.00781 (n=3)", "0.00391 (n=3)"]   # 2^-6, -7, -8
+    mean = sum(SLOPES["sp"].values()) / 3
+    half = st.t_quantile(0.975, 2) * 0.1 / math.sqrt(3)   # the slopes' sd is 0.1
+    assert sp[4] == f"{mean:.3f} ± {half:.3f} (n=3)"
+    t = mean / (0.1 / math.sqrt(3))
+    p_sp = 2 * st.special.stdtr(2, -abs(t))
+    assert float(sp[5]) == pytest.approx(p_sp, rel=1e-2)
+    assert float(sp[6]) == pytest.approx(2 * p_sp, rel=1e-2)   # Holm over the two cells
+    assert sp[7] == "falls with width"
+    mup = table_row(text, "scaling=sqrt_dk, param=mup")
+    assert mup[7] == "not resolved (Holm p >= 0.05)"
+    assert "Family: 2 one-sample t-tests" in text
+    wider = table_row(text, "scaling=sqrt_dk, param=sp", "64 -> 128")
+    assert wider[2] == "3"
+    best = {w: [min(loss_at("sp", w, s, k) for k in LOG2_LRS) for s in (1, 2, 3)]
+            for w in (64, 128)}
+    diff = sum(b - a for a, b in zip(best[64], best[128])) / 3
+    assert float(wider[3].split(" ± ")[0]) == pytest.approx(diff, abs=5e-5)
+    assert wider[6] == "wider better"
+    assert len([line for line in text.splitlines() if " -> " in line]) == 4   # 2 cells x 2
+
+
+def test_results_md_has_the_width_section_only_when_the_width_varies(runs):
+    def report(rs):
+        return markdown_report("read", rs, {}, rs, Reading("full", "sqrt_dk"))
+    assert "## Width" in report(runs)
+    assert "## Width" not in report([r for r in runs if r.setting("model.d_model") == "64"])
