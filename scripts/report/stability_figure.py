@@ -76,8 +76,12 @@ ROWS = (("max_logit", max, "max attention logit\n(every layer and head)", True),
 
 def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
                    levels: Optional[dict] = None) -> bool:
-    """Draws the figure; False (nothing written) when no run has per-head statistics."""
+    """Draws the figure; False (nothing written) when no run has per-head statistics, or no
+    run failed (then every arm's highest stable LR is the grid's top and there is no failing
+    LR to set it against: the per-head figures, --heads, show those runs)."""
     if not any("attn_heads" in e for r in lr_runs for e in r.evals):
+        return False
+    if not any(st.failure(r, which, levels) is not None for r in lr_runs):
         return False
     arms = group_runs(lr_runs, drop=(LR_KEY,))
     names = arm_labels(list(arms))

@@ -81,7 +81,9 @@ def test_the_figure_draws_each_arms_curve_and_its_edge_runs(sweep, tmp_path, mon
         stability_head_value("max_logit", 1e-2, 2, (2, 1, 1)))
     assert panels["none"].get_yscale() == "log"
     assert len(panels["sqrt_dk, softcap=50"].lines) == 1   # it never failed
-    without = [r for r in runs if r.lr == 1e-3]
+    assert not plot_stability([r for r in runs if r.lr == 1e-3], "full",
+                              tmp_path / "stable.png")   # no run failed: nothing to set apart
+    without = [r for r in runs if r.lr >= 1e-2]
     for r in without:
         r.evals = [{k: v for k, v in e.items() if k != "attn_heads"} for e in r.evals]
     assert not plot_stability(without, "full", tmp_path / "none.png")
