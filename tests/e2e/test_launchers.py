@@ -305,7 +305,8 @@ def test_submitit_requeue_signal_resumes_bit_identically(tiny, tmp_path):
             if not trained(sweep / str(n)):
                 continue
             tasks = submitit_tasks(sweep)
-            assert len(tasks) == 2
+            # both jobs, and for a while a signalled job's old process beside its requeued one
+            assert len(tasks) >= 2
             pid = writer_of(sweep / str(n) / "metrics.jsonl", tasks)
             if pid is not None:
                 os.kill(pid, signal.SIGUSR2)
