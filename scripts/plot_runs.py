@@ -29,10 +29,11 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
 - DIR/qk_grad_norms.png q and k projection gradient norms vs step
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
                         the setting, and each scale's loss at its chosen LR (held-out seeds)
-- DIR/lr_stability.png  an LR sweep whose runs record per-head statistics, one of them failed:
-                        each arm's loss vs LR in one panel, and its largest attention logit
-                        and most one-hot head's normalised entropy vs step at its highest
-                        stable and first failing LR (scripts/report/stability_figure.py)
+- DIR/lr_stability.png  an LR sweep whose runs record per-head statistics: each arm's loss
+                        vs LR in one panel, and its largest attention logit and most one-hot
+                        head's normalised entropy vs step at its highest stable and first
+                        failing LR, or its best LR and the grid's top where no run failed
+                        (scripts/report/stability_figure.py)
 - DIR/width_transfer.png  an LR sweep that varies model.d_model: per cell, loss vs LR with a
                         line per width, and each seed's optimal LR vs width; results.md's
                         "## Width" gives the drift of the optimum per doubling of width and

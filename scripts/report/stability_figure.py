@@ -3,7 +3,8 @@ final loss against LR in one panel, a cross where a run failed. Below, per arm (
 sweep without its LR: a scale, or a scale with a bound on its scores): the largest attention
 logit over every layer and head, and the normalised attention entropy of the most one-hot head
 (entropy / ln(keys): 1 uniform, 0 one-hot), against steps, at the highest LR the arm survives
-(stats.survives_up_to) and at the first LR where one of its runs failed. That is how Wortsman et
+(stats.survives_up_to) and at the first LR where one of its runs failed; for an arm where no
+run failed, at its best LR and at the top of its grid. That is how Wortsman et
 al. 2023 read attention-logit growth: the logits of the failing LR run away while those one LR
 below stay bounded. Each line is one run (the lowest seed at that LR; at the failing LR, the
 lowest seed that failed), drawn to its last evaluation."""
@@ -42,7 +43,14 @@ def seed_order(run: RunRecord):
 def edge_runs(runs: list[RunRecord], which: str,
               levels: Optional[dict]) -> list[tuple[str, RunRecord]]:
     """(line label, run) at the arm's highest stable LR and at its first failing LR, each
-    there if the arm has one."""
+    there if the arm has one; for an arm where no run failed, at its best LR (lowest mean
+    clipped loss) and at the top of its grid, which it survived."""
+    if not any(st.failure(r, which, levels) is not None for r in runs):
+        best = st.best_lr(st.lr_table(runs, which))
+        top = max(r.lr for r in runs)
+        lrs = [(f"lr {best['lr']:g}: best", best["lr"])] if best and best["lr"] != top else []
+        return [(text, min((r for r in runs if r.lr == lr), key=seed_order))
+                for text, lr in lrs + [(f"lr {top:g}: top of grid, no run failed", top)]]
     picks = []
     safe = st.survives_up_to(runs, which, levels)
     if safe is not None:
@@ -76,12 +84,8 @@ ROWS = (("max_logit", max, "max attention logit\n(every layer and head)", True),
 
 def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
                    levels: Optional[dict] = None) -> bool:
-    """Draws the figure; False (nothing written) when no run has per-head statistics, or no
-    run failed (then every arm's highest stable LR is the grid's top and there is no failing
-    LR to set it against: the per-head figures, --heads, show those runs)."""
+    """Draws the figure; False (nothing written) when no run has per-head statistics."""
     if not any("attn_heads" in e for r in lr_runs for e in r.evals):
-        return False
-    if not any(st.failure(r, which, levels) is not None for r in lr_runs):
         return False
     arms = group_runs(lr_runs, drop=(LR_KEY,))
     names = arm_labels(list(arms))
@@ -121,7 +125,8 @@ def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
     suptitle(fig, f"High learning rates: top, {st.LOSSES[which][1]} against LR per arm (mean of"
                   f" n={ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds, 95% t bars cut"
                   " at 0 and at the loss at init; x: a run failed); below, one run per line at"
-                  " each arm's highest stable LR and its first failing LR")
+                  " each arm's highest stable LR and its first failing LR (where no run failed:"
+                  " its best LR and the grid's top)")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
