@@ -188,3 +188,32 @@ def test_recall_headline_is_an_lr_grid_a_factor_2_apart_on_the_headline_cell():
     assert (cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.optim.min_lr) == (600, 25, 0.0)
     assert header("recall_headline")[1].startswith("# python train.py experiment=recall_headline")
 
+
+
+def test_lr_stability_is_an_lr_grid_from_1e3_past_3e1_at_d_head_64():
+    """Wortsman et al.'s setting shrunk: the default corpus, heads of width 64, AdamW (0.9,
+    0.95) without weight decay, a short warm-up; LRs a factor 2 apart from 1e-3 to past 3e-1,
+    the four scales here and the three bounds from the commands in its header, each valid."""
+    cfg = compose_preset("lr_stability")
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweep.dir.startswith("multirun/lr_stability/")
+    assert sweep_values(cfg, "trainer.seed") == ["1"]
+    assert sweep_values(cfg, "scaling") == ["sqrt_dk", "none", "dk", "qk_norm"]
+    lrs = sorted(float(v) for v in sweep_values(cfg, "optim.lr"))
+    assert lrs[0] == 1e-3 and lrs[-1] >= 3e-1
+    assert all(math.isclose(b / a, 2.0) for a, b in zip(lrs, lrs[1:]))
+    assert cfg.data.source == DataConfig().source   # the default corpus
+    assert cfg.model.d_model // cfg.model.n_head == 64 and cfg.model.d_head is None
+    assert list(cfg.optim.betas) == [0.9, 0.95] and cfg.optim.weight_decay == 0.0
+    assert cfg.optim.warmup_steps <= 0.1 * cfg.trainer.max_steps and cfg.optim.min_lr == 0.0
+    text = "\n".join(header("lr_stability"))
+    bounds = ("scaling.softcap=50", "optim.qk_clip=50", "trainer.z_loss=1e-4")
+    assert all(f"scaling=sqrt_dk {b}" in text for b in bounds)
+    assert header("lr_stability")[1].startswith("# python train.py experiment=lr_stability")
+    assert "--pair scaling.softcap=null --pair optim.qk_clip=null --pair trainer.z_loss=0" in text
+    plain = compose_preset("lr_stability", hydra=False)
+    for extra in ([], ["scaling.softcap=50"], ["optim.qk_clip=50"], ["trainer.z_loss=1e-4"]):
+        c = derive(plain, extra)
+        ScalingConfig(**OmegaConf.to_container(c.scaling))
+        OptimConfig(**OmegaConf.to_container(c.optim))
+        TrainerConfig(**OmegaConf.to_container(c.trainer))
