@@ -45,7 +45,8 @@ def edge_runs(runs: list[RunRecord], which: str,
     """(line label, run) at the arm's highest stable LR and at its first failing LR, each
     there if the arm has one; for an arm where no run failed, at its best LR (lowest mean
     clipped loss) and at the top of its grid, which it survived."""
-    if not any(st.failure(r, which, levels) is not None for r in runs):
+    failed = [r for r in runs if st.failure(r, which, levels) is not None]
+    if not failed:
         best = st.best_lr(st.lr_table(runs, which))
         top = max(r.lr for r in runs)
         lrs = [(f"lr {best['lr']:g}: best", best["lr"])] if best and best["lr"] != top else []
@@ -56,12 +57,9 @@ def edge_runs(runs: list[RunRecord], which: str,
     if safe is not None:
         run = min((r for r in runs if r.lr == safe), key=seed_order)
         picks.append((f"lr {safe:g}: highest stable", run))
-    failed = [r for r in runs if st.failure(r, which, levels) is not None]
-    if failed:
-        first = min(r.lr for r in failed)
-        run = min((r for r in failed if r.lr == first), key=seed_order)
-        picks.append((f"lr {first:g}: first failing", run))
-    return picks
+    first = min(r.lr for r in failed)
+    run = min((r for r in failed if r.lr == first), key=seed_order)
+    return picks + [(f"lr {first:g}: first failing", run)]
 
 
 def head_extreme(run: RunRecord, key: str, reduce) -> tuple[list, list]:
@@ -93,8 +91,9 @@ def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
     fig = plt.figure(figsize=(max(2.6 * cols, 7.0), 8.4), layout="constrained")
     grid = fig.add_gridspec(3, cols)
     top = fig.add_subplot(grid[0, :])
+    tables = {key: st.lr_table(runs, which) for key, runs in arms.items()}
     for i, (key, runs) in enumerate(arms.items()):
-        loss_curve(top, st.lr_table(runs, which), runs, (names[key], i), (which, levels))
+        loss_curve(top, tables[key], runs, (names[key], i), (which, levels))
     top.set(xscale="log", xlabel="learning rate")
     top.set_ylabel(f"{st.LOSSES[which][1]}\n(clipped at loss at init)", fontsize=9)
     top.grid(alpha=0.3, which="both")
@@ -121,7 +120,7 @@ def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
                 ax.set_xlabel("step", fontsize=9)
             if j == 0:
                 ax.set_ylabel(ylabel, fontsize=9)
-    ns = sorted({len(s) for runs in arms.values() for s in st.lr_table(runs, which).values()})
+    ns = sorted({len(s) for table in tables.values() for s in table.values()})
     suptitle(fig, f"High learning rates: top, {st.LOSSES[which][1]} against LR per arm (mean of"
                   f" n={ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds, 95% t bars cut"
                   " at 0 and at the loss at init; x: a run failed); below, one run per line at"

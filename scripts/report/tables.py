@@ -202,8 +202,7 @@ def paired_table(values: dict[tuple, dict], ref: tuple, what: str) -> list[str]:
                     + f". Resolved: Holm p < {st.ALPHA:g}."]
 
 
-def p_cell(p: Optional[float]) -> str:
-    return "n/a" if p is None else f"{p:.3g}"
+p_cell = st.p_text
 
 
 def layer_value(record: dict, name: str, how: str) -> Optional[float]:

@@ -134,8 +134,8 @@ def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
         cells_text = [lr_cell(list(o[w].values())) if w in o else "" for w in widths]
         reading = st.verdict(c, "falls with width", "rises with width")
         lines.append(f"| {label(key, 'all')} | " + " | ".join(cells_text)
-                     + f" | {c.diff.text(3) if c.diff else 'n/a'} | {p_text(c.p)}"
-                     f" | {p_text(c.p_holm)} | {reading} |")
+                     + f" | {c.diff.text(3) if c.diff else 'n/a'} | {st.p_text(c.p)}"
+                     f" | {st.p_text(c.p_holm)} | {reading} |")
     lines += ["", f"Family: {sum(c.p is not None for c in tests)} one-sample t-tests, Holm-adjusted"
               f" together. Resolved: Holm p < {st.ALPHA:g}.", ""]
     pairs, rows = [], []
@@ -153,10 +153,6 @@ def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
     for (key, narrow, wide), c in zip(rows, st.family(pairs)):
         lines.append(f"| {label(key, 'all')} | {narrow} -> {wide}"
                      f" | {c.diff.n if c.diff else 0} | {c.diff.text(4) if c.diff else 'n/a'}"
-                     f" | {p_text(c.p)} | {p_text(c.p_holm)}"
+                     f" | {st.p_text(c.p)} | {st.p_text(c.p_holm)}"
                      f" | {st.verdict(c, 'wider better', 'wider worse')} |")
     return lines
-
-
-def p_text(p: Optional[float]) -> str:
-    return "n/a" if p is None else f"{p:.3g}"
