@@ -1,8 +1,8 @@
 """Report on sweeps: the results tables (results.md), runs.csv and figures of the runs named.
 
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
-                                [--baseline sqrt_dk] [--pair KEY=VALUE ...] [--heads RUN_DIR]
-                                [--heads-seed SEED]
+                                [--baseline sqrt_dk] [--pair KEY=VALUE ...] [--one-control]
+                                [--heads RUN_DIR] [--heads-seed SEED]
                                 [--select-seeds 1,2 | --report-seeds 3,4,5]
                                 [--select-from STAGE1/runs.csv]
     python scripts/plot_runs.py --from-csv DIR/runs.csv --out DIR2 [same options]
@@ -14,7 +14,8 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
                         with the failed runs counted and left out, for data=recall runs the
                         steps to 0.9 validation accuracy, the runs that never got there and
                         the final accuracy, paired differences against the baseline scale
-                        (and against KEY=VALUE of each --pair) as Holm families, attention
+                        (and against KEY=VALUE of each --pair; with --one-control against
+                        all of them as one control) as Holm families, one a table, attention
                         statistics, the LR analysis of an LR sweep
 - DIR/runs.csv          one row per run: its folder, swept keys and final numbers
                         (scripts/report/runs_csv.py); --from-csv rebuilds the tables and the
@@ -207,6 +208,10 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
     parser.add_argument("--pair", action="append", default=[], metavar="KEY=VALUE",
                         help="also pair every group with the same setting at KEY=VALUE, e.g."
                         " model.qk_init_std=null (repeatable)")
+    parser.add_argument("--one-control", action="store_true",
+                        help="the baseline scale and every --pair value are one control: each"
+                        " group that differs from it in one of these keys is paired with it,"
+                        " one Holm family a table (an arm per bound against the scale alone)")
     parser.add_argument("--select-seeds", metavar="S,S,...",
                         help="LR sweep: choose each scale's best LR on these seeds only")
     parser.add_argument("--report-seeds", metavar="S,S,...",
@@ -292,7 +297,7 @@ def report(args, levels: Optional[dict]) -> int:
         notes += (["--heads-seed needs the run folders' records: not drawn from a CSV"]
                   if args.from_csv is not None else heads_of_seed(args.heads_seed, curves,
                                                                    args.out))
-    reading = Reading(args.loss, args.baseline, pairs, levels, plan)
+    reading = Reading(args.loss, args.baseline, pairs, levels, plan, args.one_control)
     text = (markdown_report(read, runs, groups, lr_runs, reading)
             + appendix(runs, reading, skipped, notes))
     if levels:

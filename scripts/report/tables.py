@@ -161,15 +161,20 @@ def steps_cell(runs: list[RunRecord]) -> str:
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
 
 
-def paired_rows(values: dict[tuple, dict], ref: tuple) -> list[tuple]:
+def paired_rows(values: dict[tuple, dict], control: tuple) -> list[tuple]:
     """(setting, variant, comparison) of each group minus its reference group, paired by seed,
-    the rows being one Holm family: the reference is the same key with ref = (config key,
-    value) put in, e.g. ("scaling", "sqrt_dk"). values maps a group key to {seed: number}."""
-    name, value = ref
+    the rows being one Holm family. `control`: one or more (config key, value), such as
+    (("scaling", "sqrt_dk"),); a group that differs from it in exactly one of these keys is
+    paired with the same group with that key's control value put in (the control itself
+    differs in none, and a group that differs in two has no single reference). values maps a
+    group key to {seed: number}."""
     rows, pairs = [], []
     for key, seeds in values.items():
-        if dict(key).get(name, value) == value:
-            continue  # the reference itself, or a sweep that does not vary `name`
+        differ = [(name, value) for name, value in control
+                  if dict(key).get(name, value) != value]   # a key the sweep lacks: no differ
+        if len(differ) != 1:
+            continue
+        name, value = differ[0]
         other = tuple((k, value if k == name else v) for k, v in key)
         if other in values:
             rows.append((setting_of(key), key[0][1]))
@@ -177,19 +182,22 @@ def paired_rows(values: dict[tuple, dict], ref: tuple) -> list[tuple]:
     return [(*row, c) for row, c in zip(rows, st.family(pairs))]
 
 
-def ref_text(ref: tuple) -> str:
-    return ref[1] if ref[0] == VARIANT_KEY else label([ref])
+def ref_text(control: tuple) -> str:
+    """The control as the tables name it: the baseline scale by its name, a key by key=value."""
+    return ", ".join(value if name == VARIANT_KEY else label([(name, value)])
+                     for name, value in control)
 
 
-def paired_table(values: dict[tuple, dict], ref: tuple, what: str) -> list[str]:
-    rows = paired_rows(values, ref)
-    name = ref_text(ref)
+def paired_table(values: dict[tuple, dict], control: tuple, what: str) -> list[str]:
+    rows = paired_rows(values, control)
+    name = ref_text(control)
     if not rows:
         return [f"No paired comparison: no `{name}` runs at the settings of the others."]
-    lines = [f"| setting | variant | pairs | {what}: group − {name} | p (paired t) | Holm p"
+    against = name if len(control) == 1 else "control"
+    lines = [f"| setting | variant | pairs | {what}: group − {against} | p (paired t) | Holm p"
              " | reading |", "|---|---|---:|---:|---:|---:|---|"]
     for setting, variant, c in rows:
-        reading = st.verdict(c, f"lower than {name}", f"higher than {name}")
+        reading = st.verdict(c, f"lower than {against}", f"higher than {against}")
         lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
                      f" | {cell(c.diff)} | {p_cell(c.p)} | {p_cell(c.p_holm)} | {reading} |")
     tested = sum(c.p is not None for _, _, c in rows)
@@ -235,13 +243,11 @@ def diagnostics_table(groups: dict[tuple, list[RunRecord]], pick: int, title: st
 ONE_LR = "one LR: not defined"
 
 
-def lr_section(runs: list[RunRecord], which: str, refs: tuple, levels: Optional[dict],
+def lr_section(runs: list[RunRecord], which: str, controls: tuple, levels: Optional[dict],
                plan: st.Plan) -> list[str]:
     """Best LR, loss at it on held-out seeds, LR sensitivity per variant and setting, and the
-    paired differences of the last two against each reference of refs: first the baseline
-    scale, (VARIANT_KEY, baseline), then each --pair (key, value), such as a sweep's runs
-    without a bound (scaling.softcap=null) for the runs with one. A table per reference is a
-    Holm family."""
+    paired differences of the last two against each control of `controls` (Reading.controls):
+    a table per control, each a Holm family."""
     variants = group_runs(runs, drop=(LR_KEY,))
     summaries = {key: st.lr_table(vruns, which) for key, vruns in variants.items()}
     chosen = st.held_out(runs, which, plan)
@@ -272,25 +278,25 @@ def lr_section(runs: list[RunRecord], which: str, refs: tuple, levels: Optional[
     # a one-LR group's sensitivity is 0 by construction: it is compared with nothing
     sens_seed = {key: st.sensitivity_by_seed(table) for key, table in summaries.items()
                  if len(table) > 1}
-    for ref in refs:
-        lines += lr_comparisons(best_loss, sens_seed, ref)
+    for control in controls:
+        lines += lr_comparisons(best_loss, sens_seed, control)
     lines += ["", "Mean clipped final loss per learning rate (a diverged run counts as its loss"
               " at init; `failed` = runs that failed), and the largest LR each group survives:",
               ""]
     return lines + lr_grid(variants, summaries, which, levels)
 
 
-def lr_comparisons(best_loss: dict, sens_seed: dict, ref: tuple) -> list[str]:
+def lr_comparisons(best_loss: dict, sens_seed: dict, control: tuple) -> list[str]:
     """The loss at each group's chosen LR and its LR sensitivity (the groups with more than
-    one LR), paired by seed against the group of the same setting with ref = (key, value)."""
-    name = ref_text(ref)
+    one LR), paired by seed against `control` (paired_rows)."""
+    name = ref_text(control)
     lines = ["", f"Loss at each variant's own chosen LR on the held-out seeds, paired by seed"
              f" against `{name}` at the same setting:", ""]
-    lines += paired_table(best_loss, ref, "loss at chosen LR")
-    if any(dict(key).get(ref[0]) == ref[1] for key in sens_seed):
+    lines += paired_table(best_loss, control, "loss at chosen LR")
+    if any(all(dict(key).get(k) == v for k, v in control) for key in sens_seed):
         lines += ["", f"LR sensitivity, paired by seed against `{name}` (the groups with"
                   " more than one LR):", ""]
-        lines += paired_table(sens_seed, ref, "LR sensitivity")
+        lines += paired_table(sens_seed, control, "LR sensitivity")
     elif sens_seed:
         lines += ["", f"LR sensitivity: not compared. `{name}` ran one LR in this sweep,"
                   " where the sensitivity is 0 by construction (`one LR` above); the groups with"
@@ -359,24 +365,35 @@ def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str
 @dataclass(frozen=True)
 class Reading:
     """How a report reads its runs: the loss (st.LOSSES), the scale differences are paired
-    against and any further (key, value) references, the n-gram reference levels, and the
-    seeds that choose an LR and those it is reported on."""
+    against and any further (key, value) references, the n-gram reference levels, the
+    seeds that choose an LR and those it is reported on, and whether the baseline and the
+    references are one control (one_control)."""
 
     which: str
     baseline: str
     pairs: tuple = ()
     levels: Optional[dict] = None
     plan: Optional[st.Plan] = None
+    one_control: bool = False
+
+    @property
+    def controls(self) -> tuple:
+        """What each table of paired differences is against, a Holm family each: the baseline
+        scale, then each --pair (key, value), such as a sweep's runs without a bound
+        (scaling.softcap=null) for the runs with one; or, with one_control, all of them as
+        one control, so that every arm that changes one of these keys from it is in one
+        family (an arm per bound, each against the baseline scale without any bound)."""
+        refs = ((VARIANT_KEY, self.baseline), *self.pairs)
+        return (refs,) if self.one_control else tuple((ref,) for ref in refs)
 
 
 def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
                     reading: Reading) -> str:
-    """results.md's analyses: results, paired differences against the baseline scale and
-    against each (key, value) of reading.pairs, attention statistics, the LR analysis if the
+    """results.md's analyses: results, paired differences against each of reading.controls,
+    attention statistics, the LR analysis if the
     runs vary optim.lr (lr_runs). `read` says what was read (the sweep folders, or runs.csv);
     `appendix` adds what failed, was still running, skipped or odd."""
-    which, baseline, pairs, levels, plan = (reading.which, reading.baseline, reading.pairs,
-                                            reading.levels, reading.plan)
+    which, levels, plan = reading.which, reading.levels, reading.plan
     field, name = st.LOSSES[which]
     lines = ["# Sweep results", "", read, "",
              f"Loss: {name} (`{field}` in summary.json), over the runs of a group that did not"
@@ -389,12 +406,15 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
         lines += ["", "## Recall accuracy", ""] + recall_table(groups, which)
     values = {key: st.by_seed([r for r in g if st.failure(r, which, levels) is None],
                               lambda r: st.final_loss(r, which)) for key, g in groups.items()}
-    for ref in ((VARIANT_KEY, baseline), *pairs):
-        lines += ["", f"## Paired differences against `{ref_text(ref)}`", "",
+    for control in reading.controls:
+        lines += ["", f"## Paired differences against `{ref_text(control)}`", "",
                   f"Per seed, a group's {name} minus that of the same setting and seed with"
-                  f" `{label([ref])}`, over the seeds where neither run failed; an ordering is"
-                  " read only where the Holm-adjusted p of the paired t-test is below"
-                  f" {st.ALPHA:g}.", ""] + paired_table(values, ref, name)
+                  f" `{label(list(control))}`" + (
+                      "" if len(control) == 1 else " (the control: a group is paired with it"
+                      " where it differs from it in one of these keys)")
+                  + ", over the seeds where neither run failed; an ordering is read only where"
+                  f" the Holm-adjusted p of the paired t-test is below {st.ALPHA:g}.", ""]
+        lines += paired_table(values, control, name)
     lines += ["", "## Attention statistics", "",
               "Entropy, saturated-row fraction and raw variance: mean over layers; max logits:"
               " max over layers. Scaled = the logit softmax sees; raw = q.k before the scale."
@@ -414,8 +434,7 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
                   " A failed run keeps its clipped loss here: dropping it would favour the"
                   " LRs that fail. `(grid edge)`: the best LR is the smallest or largest tried,"
                   " so the optimum may lie outside the grid.", ""]
-        lines += lr_section(lr_runs, which, ((VARIANT_KEY, baseline), *pairs),
-                            levels, plan or st.Plan())
+        lines += lr_section(lr_runs, which, reading.controls, levels, plan or st.Plan())
         if WIDTH_KEY in varying_keys(lr_runs):
             lines += [""] + width_section(lr_runs, which)
     return "\n".join(lines) + "\n"

@@ -113,3 +113,27 @@ def test_a_bound_is_paired_with_its_scale_without_it_in_the_lr_tables(sweep, tmp
     assert table_row(baseline[1], "scaling.softcap=default", "none")
     assert math.isfinite(float(table_row(baseline[1], "scaling.softcap=default", "none")[3]
                                .split(" ± ")[0].replace("−", "-")))
+
+
+def test_one_control_puts_every_arm_against_the_scale_without_a_bound_in_one_family(
+        sweep, tmp_path, tables_only):
+    out = tmp_path / "out"
+    assert report_in_process(sweep, "--out", out, "--pair", "scaling.softcap=null",
+                             "--one-control") == 0
+    text = (out / "results.md").read_text()
+    tables = text.split("LR sensitivity, paired by seed against `sqrt_dk, "
+                        "scaling.softcap=default` (the groups with more than one LR)")
+    assert len(tables) == 2 and "paired by seed against `scaling.softcap=default`" not in text
+    table = tables[1].split("\n\n")[1]
+    capped = table_row(table, "scaling.softcap=50", "sqrt_dk")
+    unscaled = table_row(table, "scaling.softcap=default", "none")
+    assert "Family: 2 paired t-tests" in tables[1].split("\n\n")[2]
+    # the soft-capped arm as in the test above: differences -0.8 + s/300, t = 477 with one
+    # degree of freedom, p = 1 - 2 atan(t) / pi; Holm over the two arms doubles the smaller p
+    diffs = [0.2 - (1 - s / 300) for s in (1, 2)]
+    t = abs(sum(diffs) / 2) / (abs(diffs[0] - diffs[1]) / math.sqrt(2) / math.sqrt(2))
+    p = 1 - 2 * math.atan(t) / math.pi
+    assert float(capped[4]) == pytest.approx(p, rel=5e-3)
+    assert float(unscaled[4]) > p
+    assert float(capped[5]) == pytest.approx(2 * p, rel=5e-3)
+    assert capped[6] == "lower than control"
