@@ -210,7 +210,8 @@ def test_lr_stability_is_an_lr_grid_from_1e3_past_3e1_at_d_head_64():
     bounds = ("scaling.softcap=50", "optim.qk_clip=50", "trainer.z_loss=1e-4")
     assert all(f"scaling=sqrt_dk {b}" in text for b in bounds)
     assert header("lr_stability")[1].startswith("# python train.py experiment=lr_stability")
-    assert "--pair scaling.softcap=null --pair optim.qk_clip=null --pair trainer.z_loss=0" in text
+    assert ("--pair scaling.softcap=null --pair optim.qk_clip=null --pair trainer.z_loss=0"
+            " --one-control") in text
     plain = compose_preset("lr_stability", hydra=False)
     for extra in ([], ["scaling.softcap=50"], ["optim.qk_clip=50"], ["trainer.z_loss=1e-4"]):
         c = derive(plain, extra)
