@@ -163,10 +163,10 @@ def verdict(c: Comparison, lower: str = "lower", higher: str = "higher") -> str:
     return lower if c.diff.mean < 0 else higher
 
 
-
 def p_text(p: Optional[float]) -> str:
     """A p-value as the tables print it; n/a where there was no test."""
     return "n/a" if p is None else f"{p:.3g}"
+
 
 def _finite(x) -> bool:
     return x is not None and math.isfinite(x)
