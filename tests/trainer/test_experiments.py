@@ -189,7 +189,6 @@ def test_recall_headline_is_an_lr_grid_a_factor_2_apart_on_the_headline_cell():
     assert header("recall_headline")[1].startswith("# python train.py experiment=recall_headline")
 
 
-
 def test_lr_stability_is_an_lr_grid_from_1e3_past_3e1_at_d_head_64():
     """Wortsman et al.'s setting shrunk: the default corpus, heads of width 64, AdamW (0.9,
     0.95) without weight decay, a short warm-up; LRs a factor 2 apart from 1e-3 to past 3e-1,
