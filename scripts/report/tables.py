@@ -199,7 +199,7 @@ def paired_table(values: dict[tuple, dict], control: tuple, what: str) -> list[s
     for setting, variant, c in rows:
         reading = st.verdict(c, f"lower than {against}", f"higher than {against}")
         lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
-                     f" | {cell(c.diff)} | {p_cell(c.p)} | {p_cell(c.p_holm)} | {reading} |")
+                     f" | {cell(c.diff)} | {st.p_text(c.p)} | {st.p_text(c.p_holm)} | {reading} |")
     tested = sum(c.p is not None for _, _, c in rows)
     same = sum(c.identical for _, _, c in rows)
     untested = len(rows) - tested - same
@@ -208,9 +208,6 @@ def paired_table(values: dict[tuple, dict], control: tuple, what: str) -> list[s
                     + (f"; {same} of identical runs (every pair equal), not tests and not"
                        " counted" if same else "")
                     + f". Resolved: Holm p < {st.ALPHA:g}."]
-
-
-p_cell = st.p_text
 
 
 def layer_value(record: dict, name: str, how: str) -> Optional[float]:
