@@ -4,10 +4,12 @@ varies model.d_model, per cell (every other setting: the parameterisation and th
 - each width's optimal LR per seed: the vertex of the parabola in log2 LR through the seed's
   lowest clipped loss and its two neighbours on the grid (none where the lowest is at the
   grid's edge: the optimum may lie beyond it);
-- the drift of the optimum per doubling of width: per seed, the least-squares slope of
-  log2(optimal LR) against log2(d_model), as a mean with its 95% t interval over seeds and a
-  one-sample t-test of slope 0, Holm over the cells (SP's best LR is expected to fall with
-  width, a slope near -1; muP's to stay, near 0);
+- the drift of the optimum per doubling of width: the least-squares slope of log2(optimal
+  LR) against log2(d_model) over every (width, seed) optimum of the cell, with its 95% t
+  interval and the t-test of slope 0 (n - 2 degrees of freedom), Holm over the cells (SP's
+  best LR is expected to fall with width, a slope near -1; muP's to stay, near 0). One line
+  through all optima, not a slope per seed averaged: with two seeds a mean of two slopes has
+  one degree of freedom, and its interval is twelve times its standard error;
 - whether wider is better at each width's own best LR: per seed, the lowest clipped loss over
   the grid, the wider width minus the narrower one paired by seed, Holm over the table.
 
@@ -82,24 +84,41 @@ def cell_optima(by_width: dict[int, list[RunRecord]], which: str) -> dict[int, d
             for w, runs in by_width.items()}
 
 
-def drift_by_seed(optima: dict[int, dict]) -> dict:
-    """seed -> slope of log2(optimal LR) against log2(width) over the widths where that seed
-    has an optimum (at least two)."""
-    seeds = {s for per in optima.values() for s in per}
-    out = {}
-    for seed in seeds:
-        points = [(math.log2(w), per[seed]) for w, per in optima.items()
-                  if per.get(seed) is not None]
-        value = slope([x for x, _ in points], [y for _, y in points])
-        if value is not None:
-            out[seed] = value
-    return out
+def drift(optima: dict[int, dict]) -> st.Comparison:
+    """The slope of log2(optimal LR) against log2(width) fitted through every (width, seed)
+    optimum, as an interval (n: the optima) with the two-sided p of the t-test of slope 0, not
+    yet Holm-adjusted; no interval below three optima, no slope below two widths."""
+    points = [(math.log2(w), y) for w, per in optima.items() for y in per.values()
+              if y is not None]
+    xs, ys = np.array([x for x, _ in points]), np.array([y for _, y in points])
+    n = len(points)
+    if len(set(xs.tolist())) < 2:
+        return st.Comparison(None, None, None)
+    b, a = np.polyfit(xs, ys, 1)
+    if n < 3:
+        return st.Comparison(st.Interval(float(b), None, n), None, None)
+    sxx = float(np.sum((xs - xs.mean()) ** 2))
+    se = math.sqrt(float(np.sum((ys - (a + b * xs)) ** 2)) / (n - 2) / sxx)
+    half = st.t_quantile(0.5 + st.LEVEL / 2, n - 2) * se
+    if se == 0:   # every optimum on the line
+        p = 1.0 if b == 0 else 0.0
+    else:
+        p = float(2 * st.special.stdtr(n - 2, -abs(b / se)))
+    return st.Comparison(st.Interval(float(b), half, n), p, None)
 
 
 def best_loss_by_seed(runs: list[RunRecord], which: str) -> dict:
     """seed -> its lowest clipped loss over the LR grid (the loss at that width's own best LR)."""
     return {seed: min(losses.values())
             for seed, losses in per_seed(st.lr_table(runs, which)).items()}
+
+
+def drift_text(slope: Optional[st.Interval]) -> str:
+    if slope is None:
+        return "n/a"
+    if slope.half is None:
+        return f"{slope.mean:.3f} (n={slope.n}, no interval)"
+    return slope.text(3)
 
 
 def lr_cell(log2_lrs: list) -> str:
@@ -115,18 +134,19 @@ def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
     whether wider is better at its own best LR, each table one Holm family."""
     by_cell = cells(lr_runs)
     optima = {key: cell_optima(by_width, which) for key, by_width in by_cell.items()}
-    drifts = {key: drift_by_seed(o) for key, o in optima.items()}
-    zero = {key: {seed: 0.0 for seed in d} for key, d in drifts.items()}
-    tests = st.family([(drifts[key], zero[key]) for key in by_cell])
+    fits = [drift(o) for o in optima.values()]
+    tests = [st.Comparison(c.diff, c.p, adjusted)
+             for c, adjusted in zip(fits, st.holm([c.p for c in fits]))]
     widths = sorted({w for by_width in by_cell.values() for w in by_width})
     lines = ["## Width", "",
              "Optimal LR per width and seed: the vertex of the parabola in log2 LR through the"
              " seed's lowest clipped loss and its two neighbours on the grid (`edge`: the lowest"
              " is the smallest or largest LR tried, no optimum); shown as the geometric mean over"
-             " the seeds that have one. Drift per doubling: per seed, the least-squares slope of"
-             " log2(optimal LR) against log2(d_model), mean ± 95% t over seeds; p: one-sample"
-             " t-test of slope 0, Holm over the cells. A slope of -1 halves the best LR at each"
-             " doubling (what Tensor Programs V reports for SP), 0 keeps it (muP).", "",
+             " the seeds that have one. Drift per doubling: the least-squares slope of"
+             " log2(optimal LR) against log2(d_model) through every (width, seed) optimum of the"
+             " cell, ± its 95% t interval (n: the optima, n - 2 degrees of freedom); p: t-test of"
+             " slope 0, Holm over the cells. A slope of -1 halves the best LR at each doubling"
+             " (what Tensor Programs V reports for SP), 0 keeps it (muP).", "",
              "| cell | " + " | ".join(f"d_model={w}" for w in widths)
              + " | drift per doubling (log2 LR) | p | Holm p | reading |",
              "|---|" + "---:|" * (len(widths) + 3) + "---|"]
@@ -134,9 +154,9 @@ def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
         cells_text = [lr_cell(list(o[w].values())) if w in o else "" for w in widths]
         reading = st.verdict(c, "falls with width", "rises with width")
         lines.append(f"| {label(key, 'all')} | " + " | ".join(cells_text)
-                     + f" | {c.diff.text(3) if c.diff else 'n/a'} | {st.p_text(c.p)}"
+                     + f" | {drift_text(c.diff)} | {st.p_text(c.p)}"
                      f" | {st.p_text(c.p_holm)} | {reading} |")
-    lines += ["", f"Family: {sum(c.p is not None for c in tests)} one-sample t-tests, Holm-adjusted"
+    lines += ["", f"Family: {sum(c.p is not None for c in tests)} slope t-tests, Holm-adjusted"
               f" together. Resolved: Holm p < {st.ALPHA:g}.", ""]
     pairs, rows = [], []
     for key, by_width in by_cell.items():
