@@ -312,10 +312,11 @@ def curve(init: float, final: float, n: int, seed: int = 0) -> list[float]:
 
 def make_run(sweep: Path, overrides: list[str], val: list[float], *, step=10, full=None,
              diverged=False, finished=True, metrics="ok", eval_at_0=True, tokens_per_sec=1000.0,
-             config=None, variant_scale=1.0, raw=True):
+             config=None, variant_scale=1.0, raw=True, targets=None):
     """A Hydra job folder as train.py writes it; val[i] is the val loss of the eval at step
     i * step. Per layer k: entropy 1 + 0.1 k, saturated 0.01 k, raw max |q.k| = val * 10**(k+1),
-    scaled max logit = raw * variant_scale, raw Var(q.k)/d_head = val * (k + 1)."""
+    scaled max logit = raw * variant_scale, raw Var(q.k)/d_head = val * (k + 1). targets: the
+    whole-split score's (targets scored, targets in the split)."""
     run = sweep / ",".join(overrides)
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -354,6 +355,8 @@ def make_run(sweep: Path, overrides: list[str], val: list[float], *, step=10, fu
                    "n_params": 1234, "wall_s": 1.0}
         if full is not None:
             summary.update(final_val_loss_full=full, final_val_bpb_full=full / math.log(2))
+        if targets is not None:
+            summary.update(full_eval_targets=targets[0], full_eval_split_targets=targets[1])
         (run / "summary.json").write_text(json.dumps(summary))
     return run
 

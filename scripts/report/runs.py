@@ -57,6 +57,11 @@ class RunRecord:
         value = (self.summary or {}).get(name)
         return None if value is None else float(value)
 
+    def summary_count(self, name: str) -> Optional[int]:
+        """An integer field of summary.json (a count); None when absent."""
+        value = (self.summary or {}).get(name)
+        return None if value is None else int(value)
+
     @property
     def final_val_loss_sampled(self) -> float:
         """Loss on the fixed sampled validation batches at the end (last eval if running)."""

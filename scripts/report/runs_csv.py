@@ -13,7 +13,9 @@ Columns, in order:
   `final_val_accuracy` (a recall run's, else empty), `steps_to_90` (a recall run's first eval
   step with val_accuracy >= 0.9; empty when it never got there, and for other data),
   `best_val_loss`, `diverged`, `finished` (false while the run is going: no summary.json),
-  `steps` (summary.json's), `tokens_per_sec`.
+  `steps` (summary.json's), `tokens_per_sec`, `full_eval_targets` and
+  `full_eval_split_targets` (how many of the validation split's targets the whole-split loss
+  covered, and how many the split has: fewer under trainer.full_eval_tokens).
 - `first_eval_step`, `first_attn_*` and `last_eval_step`, `last_val_accuracy` (a recall run's,
   else empty), `attn_*`: the attention statistics of the first and the last eval record,
   combined over layers as the tables combine them (mean; max for the max logits).
@@ -22,8 +24,9 @@ Columns, in order:
 
 Numbers are written with Python's repr, which reads back to the same float, so the tables
 rebuilt from the CSV equal the tables of the sweep digit for digit. An empty cell is a missing
-value. `steps_to_90` and `last_val_accuracy` (OPTIONAL) may be absent from a runs.csv written
-before they existed; its runs then read as runs without accuracy.
+value. `steps_to_90`, `last_val_accuracy` and the two target counts (OPTIONAL) may be absent
+from a runs.csv written before they existed; its runs then read as runs without accuracy, and
+without a count of targets.
 """
 
 from __future__ import annotations
@@ -41,12 +44,13 @@ from scripts.report.tables import DIAGNOSTICS, layer_value
 
 FINAL = ("final_val_loss_full", "final_val_loss", "init_val_loss", "failed",
          "final_val_accuracy", "steps_to_90", "best_val_loss", "diverged", "finished", "steps",
-         "tokens_per_sec")
+         "tokens_per_sec", "full_eval_targets", "full_eval_split_targets")
 FIRST_COLUMN = FINAL[0]  # the swept keys are the columns between `run` and this one
 ATTN = tuple(name for name, _, _ in DIAGNOSTICS)
 EVALS = ("first_eval_step", *(f"first_{a}" for a in ATTN), "last_eval_step",
          "last_val_accuracy", *ATTN)
-OPTIONAL = ("steps_to_90", "last_val_accuracy")  # columns a reader does not require
+# columns a reader does not require
+OPTIONAL = ("steps_to_90", "last_val_accuracy", "full_eval_targets", "full_eval_split_targets")
 REF_PREFIX = "ref_"
 
 
@@ -78,7 +82,7 @@ def row_of(run: RunRecord, keys: list[str], which: str, levels: Optional[dict]) 
              run.loss_at_init, st.failure(run, which, levels) is not None,
              run.summary_value("final_val_accuracy"), run.steps_to_90, run.best_val_loss,
              run.diverged, not run.partial, None if steps is None else int(steps),
-             run.tokens_per_sec]
+             run.tokens_per_sec, *map(run.summary_count, FINAL[-2:])]
     first, last = run.evals[0], run.evals[-1]
     accuracy = last.get("val_accuracy")
     evals = [first.get("step"), *diagnostics(first), last.get("step"),
@@ -190,7 +194,7 @@ def csv_run(row: dict, keys: list[str], values: dict) -> CsvRun:
     summary = None
     if values["finished"]:
         summary = {name: values[name] for name in
-                   ("final_val_loss_full", "final_val_accuracy", "steps") if values[name]
-                   is not None}
+                   ("final_val_loss_full", "final_val_accuracy", "steps", *FINAL[-2:])
+                   if values.get(name) is not None}
     return CsvRun(Path(row["run"]), overrides, row[VARIANT_KEY], [], [first, last], summary,
                   {}, row=values)

@@ -384,6 +384,20 @@ class Reading:
         return (refs,) if self.one_control else tuple((ref,) for ref in refs)
 
 
+def subset_note(runs: list[RunRecord]) -> str:
+    """What part of the validation split the whole-split loss covers, where trainer.
+    full_eval_tokens made it a subset; empty where every run scored the whole split (or did not
+    record it)."""
+    counts = sorted({(r.summary_count("full_eval_targets"), r.summary_count(
+        "full_eval_split_targets")) for r in runs if r.summary_count("full_eval_targets")
+        is not None and r.summary_count("full_eval_split_targets") is not None})
+    parts = [f"{n:,} of the split's {m:,} targets" for n, m in counts if n < m]
+    if not parts:
+        return ""
+    return (" The whole-split loss covers an even fixed subset of the validation split"
+            f" (trainer.full_eval_tokens): {'; '.join(parts)}.")
+
+
 def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
                     reading: Reading) -> str:
     """results.md's analyses: results, paired differences against each of reading.controls,
@@ -396,7 +410,8 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
              f"Loss: {name} (`{field}` in summary.json), over the runs of a group that did not"
              " fail. Every number is the mean over seeds ± the half-width of its 95%"
              " Student-t interval, with n the number of seeds; `(n=1)` has no interval."
-             " Sampled losses come from the fixed evaluation batches.", ""]
+             " Sampled losses come from the fixed evaluation batches."
+             + (subset_note(runs) if which == "full" else ""), ""]
     recall = any(r.recall for r in runs)
     lines += results_table(groups, which, levels, recall)
     if recall:

@@ -166,6 +166,28 @@ def test_runs_without_raw_statistics_say_not_recorded(tmp_path, tables_only):
     assert row[6:8] == ["not recorded", "not recorded"]
 
 
+def test_a_whole_split_loss_on_a_subset_says_so_from_folders_and_from_runs_csv(tmp_path,
+                                                                              tables_only):
+    """trainer.full_eval_tokens scores an even subset of the split: results.md says how much,
+    also when rebuilt from runs.csv; a run that scored the whole split adds nothing."""
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        make_run(sweep, ["scaling=dk", f"trainer.seed={seed}"], [4.0, 2.0], full=2.0,
+                 targets=(131072, 542416))
+    out, again = tmp_path / "out", tmp_path / "again"
+    assert report_in_process(sweep, "--out", out) == 0
+    note = ("covers an even fixed subset of the validation split (trainer.full_eval_tokens):"
+            " 131,072 of the split's 542,416 targets.")
+    assert note in (out / "results.md").read_text()
+    assert report_in_process("--from-csv", out / "runs.csv", "--out", again) == 0
+    assert note in (again / "results.md").read_text()
+    whole = tmp_path / "whole"
+    make_run(whole, ["scaling=dk", "trainer.seed=1"], [4.0, 2.0], full=2.0,
+             targets=(542416, 542416))
+    assert report_in_process(whole, "--out", tmp_path / "w") == 0
+    assert "subset" not in (tmp_path / "w" / "results.md").read_text()
+
+
 def test_only_the_named_sweep_is_read(tmp_path, capsys, tables_only):
     preset = tmp_path / "multirun" / "head_width"
     for time, loss in (("2026-11-01_10-00-00", 3.0), ("2026-12-01_10-00-00", 2.0)):

@@ -67,7 +67,7 @@ def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
     assert not any("SCIENCE" in line for line in lines)
 
 
-@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS)
+@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + ("width_transfer",))
 def test_every_swept_value_builds_a_valid_config(name):
     """Each value of each swept key, in the preset and built into the dataclasses the run uses:
     a value the schema or a __post_init__ check refuses fails here, not an hour into the sweep.
@@ -217,3 +217,29 @@ def test_lr_stability_is_an_lr_grid_from_1e3_past_3e1_at_d_head_64():
         ScalingConfig(**OmegaConf.to_container(c.scaling))
         OptimConfig(**OmegaConf.to_container(c.optim))
         TrainerConfig(**OmegaConf.to_container(c.trainer))
+
+
+def test_width_transfer_is_sp_and_mup_by_two_scales_over_8x_width_and_a_factor_2_lr_grid():
+    """Tensor Programs V's Fig. 1 on the default corpus: param sp and mup, scales sqrt_dk and
+    dk, d_model over at least 8x at a fixed head count (d_head grows with width), an LR grid a
+    factor 2 apart, cosine to zero; base_width the default model's d_model; the staged
+    commands of its header resume into one folder."""
+    cfg = compose_preset("width_transfer")
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweep.dir.startswith("multirun/width_transfer/")
+    assert sweep_values(cfg, "param") == ["sp", "mup"]
+    assert sweep_values(cfg, "scaling") == ["sqrt_dk", "dk"]
+    widths = [int(v) for v in sweep_values(cfg, "model.d_model")]
+    assert widths == sorted(widths) and widths[-1] / widths[0] >= 8
+    assert all(w % cfg.model.n_head == 0 for w in widths) and cfg.model.d_head is None
+    lrs = sorted(float(v) for v in sweep_values(cfg, "optim.lr"))
+    assert len(lrs) >= 5 and all(math.isclose(b / a, 2.0) for a, b in zip(lrs, lrs[1:]))
+    assert cfg.param.base_width == ParamConfig().base_width == 128
+    assert cfg.data.source == DataConfig().source and cfg.optim.min_lr == 0.0
+    lines = header("width_transfer")
+    assert lines[1].startswith("# python train.py experiment=width_transfer hydra/launcher=joblib")
+    text = "\n".join(lines)
+    assert "hydra.sweep.dir=<folder> trainer.resume=auto" in text
+    assert any(line.startswith("# Wall time:") for line in lines)
+    report = "# Report: python scripts/plot_runs.py <folder> --out docs/results/width_transfer"
+    assert report in text
