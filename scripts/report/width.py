@@ -152,7 +152,9 @@ def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
              "|---|" + "---:|" * (len(widths) + 3) + "---|"]
     for (key, o), c in zip(optima.items(), tests):
         cells_text = [lr_cell(list(o[w].values())) if w in o else "" for w in widths]
-        reading = st.verdict(c, "falls with width", "rises with width")
+        reading = (f"not resolved ({c.diff.n} optima, no interval)"
+                   if c.diff is not None and c.diff.half is None
+                   else st.verdict(c, "falls with width", "rises with width"))
         lines.append(f"| {label(key, 'all')} | " + " | ".join(cells_text)
                      + f" | {drift_text(c.diff)} | {st.p_text(c.p)}"
                      f" | {st.p_text(c.p_holm)} | {reading} |")

@@ -67,10 +67,15 @@ def pooled_slope(seeds_slopes: dict) -> tuple[float, float, float]:
     return b, st.t_quantile(0.975, n - 2) * se, float(2 * st.special.stdtr(n - 2, -abs(b / se)))
 
 
-def test_a_drift_needs_three_optima_for_an_interval_and_two_widths_for_a_slope():
+def test_a_drift_needs_three_optima_for_an_interval_and_two_widths_for_a_slope(tmp_path):
     assert drift({64: {"1": -6.0}, 128: {"1": -7.0}}).diff.half is None
     assert drift({64: {"1": -6.0}, 128: {"1": -7.0}}).diff.mean == pytest.approx(-1.0)
     assert drift({64: {"1": -6.0, "2": -6.5}, 128: {"1": None}}).diff is None
+    runs = [r for r in load_runs([width_sweep(tmp_path)])[0]
+            if r.setting("trainer.seed") == "1" and r.setting("model.d_model") != "256"]
+    row = table_row("\n".join(width_section(runs, "full")), "scaling=sqrt_dk, param=sp")
+    assert row[3:] == ["-1.100 (n=2, no interval)", "n/a", "n/a",
+                       "not resolved (2 optima, no interval)"]
 
 
 def test_the_width_tables_are_one_holm_family_each(runs):
