@@ -57,7 +57,7 @@ class Interval:
 
     def text(self, digits: int = 4) -> str:
         if self.half is None:
-            return f"{self.mean:.{digits}f} (n=1, no interval)"
+            return f"{self.mean:.{digits}f} (n={self.n}, no interval)"
         return f"{self.mean:.{digits}f} ± {self.half:.{digits}f} (n={self.n})"
 
 

@@ -113,14 +113,6 @@ def best_loss_by_seed(runs: list[RunRecord], which: str) -> dict:
             for seed, losses in per_seed(st.lr_table(runs, which)).items()}
 
 
-def drift_text(slope: Optional[st.Interval]) -> str:
-    if slope is None:
-        return "n/a"
-    if slope.half is None:
-        return f"{slope.mean:.3f} (n={slope.n}, no interval)"
-    return slope.text(3)
-
-
 def lr_cell(log2_lrs: list) -> str:
     """Geometric mean of the optimal LRs over the seeds that have one, with their n."""
     values = [v for v in log2_lrs if v is not None]
@@ -156,7 +148,7 @@ def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
                    if c.diff is not None and c.diff.half is None
                    else st.verdict(c, "falls with width", "rises with width"))
         lines.append(f"| {label(key, 'all')} | " + " | ".join(cells_text)
-                     + f" | {drift_text(c.diff)} | {st.p_text(c.p)}"
+                     + f" | {c.diff.text(3) if c.diff else 'n/a'} | {st.p_text(c.p)}"
                      f" | {st.p_text(c.p_holm)} | {reading} |")
     lines += ["", f"Family: {sum(c.p is not None for c in tests)} slope t-tests, Holm-adjusted"
               f" together. Resolved: Holm p < {st.ALPHA:g}.", ""]
