@@ -349,7 +349,8 @@ def bench_steps(args, device: torch.device, folder: Path) -> tuple:
         beside = nanogpt_beside(args, name, prepared, folder)
         times = interleave(calls, args.rounds, args.per_round, device,
                            beside.run if beside else None)
-        rows = step_table(name, cfg, cases, times, warmup)
+        peaks = peak_memory({f"{p} {c}": case.step for (p, c), case in cases.items()}, device)
+        rows = step_table(name, cfg, cases, times, warmup, peaks)
         if beside:
             nanogpt = beside.summary()
             compare_with_nanogpt(rows, nanogpt["ms"])
@@ -360,8 +361,10 @@ def bench_steps(args, device: torch.device, folder: Path) -> tuple:
 
 
 def step_table(name: str, cfg: StepConfig, cases: dict, times: dict,
-               warmup: dict) -> list[dict]:
-    """One row per case; "mfu" is filled in by `run` once the peak rate is known."""
+               warmup: dict, peaks: dict) -> list[dict]:
+    """One row per case; "mfu" is filled in by `run` once the peak rate is known. "peak_bytes":
+    the most one step holds at once beyond the weights, optimizer state and anything else
+    allocated before it (activations, gradients, temporaries; `peak_memory`)."""
     tokens = cfg.batch_size * cfg.block_size
     base = median_ms(times["fp32", False]) if ("fp32", False) in times else None
     rows = []
@@ -375,7 +378,7 @@ def step_table(name: str, cfg: StepConfig, cases: dict, times: dict,
                      "compile": c, "ms": ms,
                      "times_ms": [1e3 * t for t in times[p, c]], "tokens_per_s": tok_s,
                      "n_params": case.raw.num_params(), "model_flops_per_s": flops,
-                     "mfu": None,
+                     "mfu": None, "peak_bytes": peaks[f"{p} {c}"],
                      "speedup_vs_fp32_eager": base / ms if base else None,
                      "warmup_s": warmup[p, c]})
     return rows
@@ -608,13 +611,13 @@ def markdown(result: dict) -> str:
 def step_markdown(rows: list[dict], with_nanogpt: bool) -> str:
     """The step table; nanoGPT's columns only when it was timed in this run."""
     headers = ["config", "params", "precision", "compile", "ms/step", "tokens/s", "MFU",
-               "vs fp32 eager"]
+               "step peak MiB", "vs fp32 eager"]
     headers += ["nanoGPT ms", "vs nanoGPT"] if with_nanogpt else []
     body = []
     for r in rows:
         line = [r["config"], f"{r['n_params'] / 1e6:.2f}M",
                 r["precision"] + (" (auto)" if r["is_auto"] else ""), r["compile"], r["ms"],
-                r["tokens_per_s"], r["mfu"], r["speedup_vs_fp32_eager"]]
+                r["tokens_per_s"], r["mfu"], r["peak_bytes"] / 2**20, r["speedup_vs_fp32_eager"]]
         line += [r.get("nanogpt_ms"), r.get("speedup_vs_nanogpt")] if with_nanogpt else []
         body.append(line + [" / ".join(f"{s:.2f}" for s in r["warmup_s"])])
     return table(headers + ["warm-up s"], body)

@@ -73,6 +73,8 @@ def test_quick_run_has_step_and_data_rows(quick):
     for r in steps.values():
         assert math.isclose(r["tokens_per_s"], cfg.batch_size * cfg.block_size / (r["ms"] / 1e3))
         assert 0 < r["mfu"] and r["n_params"] > 0 and len(r["warmup_s"]) == 1
+        # a step holds at least its logits (B x T x vocab, 2 bytes or more each) at once
+        assert cfg.batch_size * cfg.block_size * cfg.vocab_size * 2 <= r["peak_bytes"] < 2**30
         assert "nanogpt_ms" not in r and "speedup_vs_nanogpt" not in r  # no --nanogpt
     assert "nanogpt" not in result
     # exactly one precision is what trainer.precision=auto picks for this model
