@@ -61,7 +61,8 @@ def plot_lr(lr_runs, which: str, path: Path, held: dict, levels=None) -> None:
         ax.set(xscale="log", xlabel="learning rate")
         ax.set_title(label(setting, "all runs", short=True), fontsize=9)
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel(f"{st.LOSSES[which][1]}\n(clipped at loss at init)", fontsize=9)
+    axes[0][0].set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)",
+                          fontsize=9)
     share_y(axes[0][:len(settings)])
     for ax in axes[0][len(settings):]:
         ax.axis("off")

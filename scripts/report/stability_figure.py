@@ -95,7 +95,7 @@ def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
     for i, (key, runs) in enumerate(arms.items()):
         loss_curve(top, tables[key], runs, (names[key], i), (which, levels))
     top.set(xscale="log", xlabel="learning rate")
-    top.set_ylabel(f"{st.LOSSES[which][1]}\n(clipped at loss at init)", fontsize=9)
+    top.set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)", fontsize=9)
     top.grid(alpha=0.3, which="both")
     top.legend(fontsize=8, ncol=min(cols, 4), frameon=False)
     for j, (key, runs) in enumerate(arms.items()):
@@ -121,7 +121,8 @@ def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
             if j == 0:
                 ax.set_ylabel(ylabel, fontsize=9)
     ns = sorted({len(s) for table in tables.values() for s in table.values()})
-    suptitle(fig, f"High learning rates: top, {st.LOSSES[which][1]} against LR per arm (mean of"
+    loss = " ".join(st.loss_name(which, lr_runs).split())
+    suptitle(fig, f"High learning rates: top, {loss} against LR per arm (mean of"
                   f" n={ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds, 95% t bars cut"
                   " at 0 and at the loss at init; x: a run failed); below, one run per line at"
                   " each arm's highest stable LR and its first failing LR (where no run failed:"

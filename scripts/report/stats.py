@@ -31,6 +31,17 @@ LOSSES = {  # --loss choice -> (summary field, what the tables call it)
 }
 
 
+
+def loss_name(which: str, runs: list[RunRecord]) -> str:
+    """What a figure calls the loss `which` of these runs: LOSSES's name, except that the
+    whole-split loss of runs that scored a fixed subset of the split (trainer.full_eval_tokens;
+    results.md's note gives the counts) says so."""
+    counts = ((r.summary_count("full_eval_targets"), r.summary_count("full_eval_split_targets"))
+              for r in runs)
+    if which == "full" and any(None not in c and c[0] < c[1] for c in counts):
+        return "final val loss on a fixed\nsubset of the val split"
+    return LOSSES[which][1]
+
 # ---------------------------------------------------------------------------------------------
 # Intervals, paired differences and their Holm family
 # ---------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def plot_width(lr_runs: list[RunRecord], which: str, path: Path) -> None:
     for ax in axes[1]:   # one y range for the row, at least a factor 4 wide: ticks to read
         if ax.axison and found:
             ax.set_ylim(min(found) / 2, max(found) * 2)
-    axes[0][0].set_ylabel(f"{st.LOSSES[which][1]}\n(clipped at loss at init)", fontsize=9)
+    axes[0][0].set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)", fontsize=9)
     axes[1][0].set_ylabel("optimal LR, one point per seed", fontsize=9)
     suptitle(fig, "Learning rate across width: top, mean over seeds per LR, a line per width"
                   " (dotted: its optimal LR); bottom, each seed's optimal LR (parabola vertex in"

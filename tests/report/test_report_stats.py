@@ -224,3 +224,21 @@ def test_held_out_split_and_earlier_stage():
     assert held["best"]["lr"] == 1e-2 and held["best"]["edge"]
     assert held["loss"] == pytest.approx({"4": 2.1, "5": 2.2})
     assert {r.lr for r in held["runs"]} == {1e-2}
+
+
+class Counts:
+    """A run's two summary counts of the whole-split evaluation, as RunRecord reads them."""
+
+    def __init__(self, targets, split_targets):
+        self.counts = {"full_eval_targets": targets, "full_eval_split_targets": split_targets}
+
+    def summary_count(self, name):
+        return self.counts[name]
+
+
+def test_the_figures_name_a_whole_split_loss_on_a_subset_for_what_it_is():
+    subset = st.loss_name("full", [Counts(542416, 542416), Counts(131072, 542416)])
+    assert subset == "final val loss on a fixed\nsubset of the val split"
+    for runs in ([Counts(542416, 542416)], [Counts(None, None)]):
+        assert st.loss_name("full", runs) == "whole-split final val loss"
+    assert st.loss_name("sampled", [Counts(131072, 542416)]) == "sampled final val loss"
