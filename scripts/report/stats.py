@@ -31,16 +31,23 @@ LOSSES = {  # --loss choice -> (summary field, what the tables call it)
 }
 
 
+def subset_counts(runs: list[RunRecord]) -> list[tuple[int, int]]:
+    """(targets scored, targets in the split) of the runs whose whole-split loss covers only a
+    fixed subset of the split (trainer.full_eval_tokens), each pair once, sorted; empty where
+    every run scored the whole split or did not record it."""
+    counts = {(r.summary_count("full_eval_targets"), r.summary_count("full_eval_split_targets"))
+              for r in runs}
+    return sorted(c for c in counts if None not in c and c[0] < c[1])
+
 
 def loss_name(which: str, runs: list[RunRecord]) -> str:
     """What a figure calls the loss `which` of these runs: LOSSES's name, except that the
-    whole-split loss of runs that scored a fixed subset of the split (trainer.full_eval_tokens;
-    results.md's note gives the counts) says so."""
-    counts = ((r.summary_count("full_eval_targets"), r.summary_count("full_eval_split_targets"))
-              for r in runs)
-    if which == "full" and any(None not in c and c[0] < c[1] for c in counts):
+    whole-split loss of runs that scored a fixed subset of the split (results.md's note gives
+    the counts) says so."""
+    if which == "full" and subset_counts(runs):
         return "final val loss on a fixed\nsubset of the val split"
     return LOSSES[which][1]
+
 
 # ---------------------------------------------------------------------------------------------
 # Intervals, paired differences and their Holm family

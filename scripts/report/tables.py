@@ -388,10 +388,7 @@ def subset_note(runs: list[RunRecord]) -> str:
     """What part of the validation split the whole-split loss covers, where trainer.
     full_eval_tokens made it a subset; empty where every run scored the whole split (or did not
     record it)."""
-    counts = {(r.summary_count("full_eval_targets"), r.summary_count("full_eval_split_targets"))
-              for r in runs}
-    parts = [f"{n:,} of the split's {m:,} targets"
-             for n, m in sorted(c for c in counts if None not in c) if n < m]
+    parts = [f"{n:,} of the split's {m:,} targets" for n, m in st.subset_counts(runs)]
     if not parts:
         return ""
     return (" The whole-split loss covers an even fixed subset of the validation split"
