@@ -98,6 +98,16 @@ def test_every_swept_value_builds_a_valid_config(name):
             assert str(got) == value or float(got) == float(value), (override, got)
 
 
+ALL_PRESETS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", ALL_PRESETS)
+def test_every_preset_trains_in_float32_on_every_machine(name):
+    """trainer.precision=auto is bf16 on a CPU with AMX tiles (and on GPUs): a preset left at
+    auto would reproduce its committed float32 results in another precision there."""
+    assert preset(name).trainer.precision == "fp32"
+
+
 def test_scaling_ablation_runs_every_scale_where_attention_matters():
     cfg = preset("scaling_ablation")
     assert sorted(sweep_values(cfg, "scaling")) == sorted(SCALINGS)
