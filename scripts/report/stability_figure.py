@@ -105,8 +105,12 @@ def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
             for (text, run), style in zip(picks, (("C0", "-"), ("C3", "--"))):
                 ax.plot(*head_extreme(run, stat, reduce), color=style[0], ls=style[1],
                         marker=".", lw=1.4, label=text)
-            if not ax.lines or not any(len(line.get_xdata()) for line in ax.lines):
+            values = [v for line in ax.lines for v in line.get_ydata()]
+            if not values:
                 blank(ax, f"{names[key]}:\nno per-head {stat}")
+                continue
+            if log and not any(v > 0 for v in values):   # uniform: its scores ignore q, k
+                blank(ax, f"{names[key]}: {stat} 0 at every\nhead, off the log axis")
                 continue
             if log:
                 ax.set_yscale("log")
@@ -115,9 +119,10 @@ def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
             ax.grid(alpha=0.3)
             if i == 0:
                 ax.set_title(names[key], fontsize=9)
-                ax.legend(fontsize=7, frameon=False)
-            else:
+            else:   # below the column, where it covers no panel or tick label
                 ax.set_xlabel("step", fontsize=9)
+                ax.legend(fontsize=7, frameon=False, loc="upper center",
+                          bbox_to_anchor=(0.5, -0.3))
             if j == 0:
                 ax.set_ylabel(ylabel, fontsize=9)
     ns = sorted({len(s) for table in tables.values() for s in table.values()})

@@ -18,8 +18,11 @@ import pytest
 
 matplotlib.use("Agg")
 from conftest import (  # noqa: E402
+    N_LAYER,
+    STABILITY_LRS,
     curve,
     make_run,
+    stability_head_value,
     stability_sweep,
     unrendered_savefig,
     width_sweep,
@@ -140,6 +143,28 @@ def one_lr_sweep(root):
     return sweep
 
 
+def stability_with_uniform(root):
+    """stability_sweep plus arms enough for seven columns, as a selection stage of every scale
+    has: dk, constant and learned, whose statistics grow like sqrt_dk's, and uniform, whose
+    max logit is 0 at every head (it has no q or k)."""
+    sweep = stability_sweep(root)
+    for scaling in ("dk", "constant", "learned", "uniform"):
+        for lr in STABILITY_LRS:
+            for seed in (1, 2):
+                run = make_run(sweep, [f"optim.lr={lr}", f"scaling={scaling}",
+                                       f"trainer.seed={seed}"], [4.0, 3.0, 2.5, 2.4], full=2.4)
+
+                def heads(record, lr=lr, seed=seed, uniform=scaling == "uniform"):
+                    i = record["step"] // 10
+                    record["attn_heads"] = {stat: [[
+                        (0.0 if stat == "max_logit" else 1.0) if uniform else
+                        stability_head_value(stat, lr, seed, (i, layer, head))
+                        for head in range(2)] for layer in range(N_LAYER)]
+                        for stat in ("max_logit", "entropy_norm")}
+                edit_records(run, lambda r, f=heads: f(r) if r["kind"] == "eval" else None)
+    return sweep
+
+
 def lr_figure(runs):
     return lambda path: plot_lr(runs, "full", path, st.held_out(runs, "full", st.Plan()))
 
@@ -162,8 +187,8 @@ def makers(root) -> dict:
         "heads_uniform": lambda p: figures.plot_heads(run, p),
         "lr_transfer": lr_figure(csv_runs(lr_sweep(root), root / "lr.csv")),
         "lr_one_lr_per_group": lr_figure(csv_runs(one_lr_sweep(root), root / "one.csv")),
-        "lr_stability": lambda p: plot_stability(load_runs([stability_sweep(root)])[0], "full",
-                                                 p),
+        "lr_stability": lambda p: plot_stability(
+            load_runs([stability_with_uniform(root / "with_uniform")])[0], "full", p),
         "width_transfer": lambda p: plot_width(csv_runs(width_sweep(root), root / "width.csv"),
                                                "full", p),
     }
@@ -324,6 +349,32 @@ def test_tick_and_reference_labels_do_not_overprint(drawn, name):
                 f"{name}, {ax.get_title()!r}: tick labels overprint:"
                 f" {overlapping(labels, renderer)}")
         assert not overlapping(ax.texts, renderer), f"{name}: {overlapping(ax.texts, renderer)}"
+
+
+def drawn_ticklabels(ax) -> list:
+    """The tick labels a panel draws: those with text at a tick inside its view limits."""
+    (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+    return [t for t in ax.xaxis.get_ticklabels() if t.get_text() and x0 <= t.get_position()[0]
+            <= x1] + [t for t in ax.yaxis.get_ticklabels()
+                      if t.get_text() and y0 <= t.get_position()[1] <= y1]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_legends_cover_no_other_panel_and_no_tick_label(drawn, name):
+    """A legend lies inside its own panel or outside every panel; it covers no tick label."""
+    fig = drawn[name]
+    renderer = fig.canvas.get_renderer()
+    legends = [(ax, ax.get_legend()) for ax in visible(fig) if ax.get_legend()]
+    legends += [(None, legend) for legend in fig.legends]
+    for owner, legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in visible(fig):
+            covered = [t.get_text() for t in drawn_ticklabels(ax)
+                       if box.overlaps(t.get_window_extent(renderer))]
+            assert not covered, f"{name}: a legend covers tick labels {covered}"
+            if ax is not owner:
+                assert not box.overlaps(ax.get_window_extent(renderer)), (
+                    f"{name}: a legend covers the panel {ax.get_title()!r}")
 
 
 def test_recall_loss_figure_draws_the_chance_level_ln_128(drawn):
