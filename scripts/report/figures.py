@@ -285,15 +285,17 @@ def reference_lines(ax, levels: dict[str, float]) -> None:
     lo, hi = ax.get_ylim()
     near = 0.08 * (hi - lo)
     inside = sorted(v for v in levels.values() if lo <= v <= hi)
-    off = []
+    off = [f"{name} {value:.2f} {'above' if value > hi else 'below'}"
+           for name, value in levels.items() if not lo <= value <= hi]
+    corner = hi - near * (len(off) + 1)   # the corner's lines reach down to about here
     for name, value in levels.items():
         if lo <= value <= hi:
             crowded = value > hi - near or any(value < v < value + near for v in inside)
+            left = bool(off) and value > corner   # the corner's text would cover it
             ax.axhline(value, color="0.35", lw=0.9, ls=(0, (1, 2)), zorder=1)
-            ax.text(0.99, value, f"{name} {value:.2f}", transform=ax.get_yaxis_transform(),
-                    ha="right", va="top" if crowded else "bottom", fontsize=9, color="0.3")
-        else:
-            off.append(f"{name} {value:.2f} {'above' if value > hi else 'below'}")
+            ax.text(0.01 if left else 0.99, value, f"{name} {value:.2f}",
+                    transform=ax.get_yaxis_transform(), ha="left" if left else "right",
+                    va="top" if crowded else "bottom", fontsize=9, color="0.3")
     if off:
         ax.text(0.99, 0.98, "\n".join(off), transform=ax.transAxes, ha="right", va="top",
                 fontsize=9, color="0.3")

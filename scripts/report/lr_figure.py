@@ -59,6 +59,8 @@ def plot_lr(lr_runs, which: str, path: Path, held: dict, levels=None) -> None:
             if setting_of(key) == setting:
                 lr_curve(ax, key[0][1], table, variants[key], scales)
         ax.set(xscale="log", xlabel="learning rate")
+        lr_ticks(ax, sorted({lr for key, table in tables.items() if setting_of(key) == setting
+                             for lr in table}))
         ax.set_title(label(setting, "all runs", short=True), fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)",
@@ -88,6 +90,14 @@ def plot_lr(lr_runs, which: str, path: Path, held: dict, levels=None) -> None:
              + "".join(f"\n{note}" for note in notes))
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def lr_ticks(ax, lrs: list[float]) -> None:
+    """The LRs tried as the x ticks of a loss-vs-LR panel, written out ("0.004"), without the
+    log axis's minor labels, which overprint one another on a grid narrower than a decade;
+    upright where more than five would crowd."""
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], fontsize=8, rotation=90 if len(lrs) > 5 else 0)
 
 
 def dodge(variant: str, scales=()) -> float:
@@ -157,7 +167,7 @@ def summary_panels(axes, tables: dict, settings: list[tuple], held: dict) -> lis
         axes[1].errorbar([x], [loss.mean], yerr=bars, capsize=3, color=s["color"],
                          marker=s["marker"], mfc="none" if hollow else None)
         sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
-        if sens is not None and not one_lr:
+        if sens is not None and len(table) > 1:   # one LR: 0 by construction, not drawn
             axes[2].errorbar([x], [sens.mean], yerr=nonnegative_bars([sens]), capsize=3,
                              color=s["color"], marker=s["marker"])
     join_points(axes, tables, settings, xs, numeric, held)
@@ -177,7 +187,9 @@ def summary_panels(axes, tables: dict, settings: list[tuple], held: dict) -> lis
         axes[2].clear()
         axes[2].axis("off")
         return ["LR sensitivity not drawn: one LR per group (0 by construction)"]
-    return []
+    ones = [k[0][1] for k, table in tables.items() if len(table) <= 1]
+    return [f"LR sensitivity not drawn for {', '.join(dict.fromkeys(ones))}: one LR each (0 by"
+            " construction)"] if ones else []
 
 
 def setting_ticks(ax, xs: list, settings: list[tuple], numeric: bool) -> None:
@@ -204,7 +216,8 @@ def join_points(axes, tables, settings, xs, numeric: bool, held: dict) -> None:
     for key, table in tables.items():
         best = held[key]["best"]
         loss = st.mean_interval(list(held[key]["loss"].values()))
-        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
+        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values())) \
+            if len(table) > 1 else None
         if best is not None and loss is not None:
             x = xs[settings.index(setting_of(key))] * (
                 dodge(key[0][1], [k[0][1] for k in tables]) if numeric else 1.0)
@@ -214,5 +227,6 @@ def join_points(axes, tables, settings, xs, numeric: bool, held: dict) -> None:
         points.sort()
         s = style(variant)
         for ax, col in zip(axes, (1, 2, 3)):
-            ax.plot([p[0] for p in points], [p[col] for p in points], color=s["color"],
-                    ls=s["ls"], lw=1.2, label=variant)
+            if any(math.isfinite(p[col]) for p in points):   # a one-LR group: no sensitivity
+                ax.plot([p[0] for p in points], [p[col] for p in points], color=s["color"],
+                        ls=s["ls"], lw=1.2, label=variant)

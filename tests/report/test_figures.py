@@ -377,6 +377,31 @@ def test_legends_cover_no_other_panel_and_no_tick_label(drawn, name):
                     f"{name}: a legend covers the panel {ax.get_title()!r}")
 
 
+def test_lr_figure_of_a_committed_two_stage_result_keeps_its_labels_apart(tmp_path, monkeypatch):
+    """docs/results/scaling_ablation's lr_transfer.png, drawn from its committed runs.csv:
+    a loss-vs-LR panel narrower than a decade (the log axis's minor labels overprinted
+    there), two reference levels off the panel above one near its top, and groups of one
+    LR, whose sensitivity (0 by construction) is not drawn."""
+    from conftest import ROOT
+    results = ROOT / "docs" / "results"
+    runs, levels = read_runs_csv(results / "scaling_ablation" / "runs.csv")
+    select, _ = read_runs_csv(results / "scaling_ablation_select" / "runs.csv")
+    held = st.held_out(runs, "full", st.Plan(select_runs=select))
+    closed = []
+    monkeypatch.setattr(Figure, "savefig", unrendered_savefig)
+    monkeypatch.setattr(figures.plt, "close", closed.append)
+    plot_lr(runs, "full", tmp_path / "lr.png", held, levels)
+    fig = closed.pop()
+    fig.canvas.draw()
+    test_tick_and_reference_labels_do_not_overprint({"lr": fig}, "lr")
+    sensitivity = next(ax for ax in fig.axes if ax.get_title().startswith("LR sensitivity"))
+    drawn_scales = {line.get_label() for line in sensitivity.lines}
+    assert not drawn_scales & {"sqrt_dk", "dk", "constant", "learned"}   # one LR each
+    assert "LR sensitivity not drawn for sqrt_dk, dk, constant, learned" in \
+        fig._suptitle.get_text()
+    figures.plt.close(fig)
+
+
 def test_recall_loss_figure_draws_the_chance_level_ln_128(drawn):
     chance = math.log(CHANCE_VALUES)
     for ax in visible(drawn["recall_loss_curves"]):
