@@ -25,8 +25,8 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
 - DIR/accuracy_curves.png  data=recall runs: val accuracy vs step, panels as loss_curves.png,
                         with the solved threshold (0.9) and chance (1/data.num_values)
 - DIR/loss_vs_baseline.png  the same, minus the baseline scale's loss at the same seed
-- DIR/diagnostics.png   attention entropy, saturated rows (with their floor 1/T), scaled and
-                        raw max logit, raw Var(q.k)/d_head vs step (one column per setting)
+- DIR/diagnostics.png   attention entropy, saturated rows, scaled and raw max logit, raw
+                        Var(q.k)/d_head vs step (one column per setting)
 - DIR/qk_grad_norms.png q and k projection gradient norms vs step
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
                         the setting, and each scale's loss at its chosen LR (held-out seeds)

@@ -379,10 +379,8 @@ def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = (
     """One row per statistic (name, y label, series of a run, log y), one column per setting;
     the rows named in `tied` share one y-range. A row's bands are cut to its statistic's range
     (RANGES); a panel with nothing to draw is turned off, saying why; a scale that a log row
-    cannot show (every value 0) is named in the title (not_drawn). The saturated share's
-    panels mark its floor 1/T where the runs share one block size T."""
+    cannot show (every value 0) is named in the title (not_drawn)."""
     settings = sorted({setting_of(k) for k in groups}, key=setting_order)
-    T = block_size(groups)
     width = max(3.4 * len(settings) + 1.0, 8.0)  # one setting: wide enough for six scales
     fig, axes = plt.subplots(len(rows), len(settings), squeeze=False, sharex=True,
                              figsize=(width, 2.1 * len(rows) + 1.2), layout="constrained")
@@ -402,8 +400,6 @@ def stat_grid(groups, rows: list[tuple], title: str, path: Path, tied: tuple = (
             if log and ax.lines:
                 ax.set_yscale("log")
                 fit_to_lines(ax)
-            if name == "attn_saturated" and T and ax.lines:
-                saturation_floor(ax, T, in_legend=True)
             ax.grid(alpha=0.3)
             if i == 0 and setting:
                 ax.set_title(label(setting, short=True), fontsize=9)
@@ -598,24 +594,6 @@ def plot_heads(run, path: Path) -> bool:
     return True
 
 
-def saturation_floor(ax, T: int, in_legend: bool = False) -> None:
-    """The saturated share's floor, 1/T: the first query row sees one key, its weight is 1.
-    Labelled beside the line, or (in_legend) in the figure's legend, where lines that hug
-    the floor would cover a label beside it."""
-    ax.axhline(1 / T, color="0.35", lw=0.9, ls=(0, (1, 2)),
-               label=f"saturated rows' floor 1/T = 1/{T}" if in_legend else None)
-    if not in_legend:
-        ax.text(0.01, 1 / T, "floor 1/T", transform=ax.get_yaxis_transform(),
-                ha="left", va="bottom", fontsize=9, color="0.3")
-
-
-def block_size(groups) -> Optional[int]:
-    """The runs' model.block_size T where they all share one, else None."""
-    sizes = {r.setting("model.block_size") for runs in groups.values() for r in runs}
-    size = sizes.pop() if len(sizes) == 1 else None
-    return int(size) if size else None
-
-
 def head_panel(ax, run, stat: tuple[str, bool], where: tuple[int, int], T) -> None:
     """One layer's panel of the per-head figure: a line per head and the row's marks.
     stat: (statistic, log y); where: (layer, number of heads)."""
@@ -633,6 +611,8 @@ def head_panel(ax, run, stat: tuple[str, bool], where: tuple[int, int], T) -> No
         ax.text(0.01, uniform, "uniform attention", transform=ax.get_yaxis_transform(),
                 ha="left", va="top", fontsize=9, color="0.3")
     if key == "saturated" and T:
-        saturation_floor(ax, T)
+        ax.axhline(1 / T, color="0.35", lw=0.9, ls=(0, (1, 2)))
+        ax.text(0.01, 1 / T, "floor 1/T", transform=ax.get_yaxis_transform(),
+                ha="left", va="bottom", fontsize=9, color="0.3")
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=9)

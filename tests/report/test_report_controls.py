@@ -13,7 +13,7 @@ from conftest import make_run  # noqa: E402
 
 from scripts import plot_runs  # noqa: E402
 from scripts.report import figures, ngram  # noqa: E402
-from scripts.report.runs import RunRecord, group_runs, load_runs  # noqa: E402
+from scripts.report.runs import RunRecord  # noqa: E402
 
 LEVELS = {"unigram": 3.32, "bigram": 2.51, "trigram": 2.06}
 
@@ -82,33 +82,6 @@ def test_plot_heads_draws_every_head_of_every_layer(tmp_path, monkeypatch, unren
     assert marks == [pytest.approx(1 / 8)]
     run.evals = [{k: v for k, v in e.items() if k != "attn_heads"} for e in run.evals]
     assert not figures.plot_heads(run, tmp_path / "none.png")
-
-
-def test_diagnostics_mark_the_saturated_share_floor_where_runs_share_one_block_size(
-        tmp_path, monkeypatch, unrendered_figures):
-    """The first query row sees one key (weight 1), so the saturated share is at least 1/T."""
-    sweep = tmp_path / "sweep"
-    for scaling, block in (("sqrt_dk", 8), ("none", 8)):
-        make_run(sweep, [f"scaling={scaling}", "trainer.seed=1"], [4.2, 3.0, 2.5],
-                 config={"model": {"block_size": block}})
-    shown = []
-    monkeypatch.setattr(figures.plt, "close", shown.append)
-    groups = group_runs(load_runs([sweep])[0])
-
-    def floors(fig) -> list:
-        axes = [ax for ax in fig.axes if ax.get_ylabel().startswith("saturated")]
-        assert len(axes) == 1
-        return [(line.get_ydata()[0], line.get_label()) for line in axes[0].lines
-                if len(line.get_xdata()) == 2]
-
-    figures.plot_diagnostics(groups, tmp_path / "diagnostics.png", "")
-    fig = shown.pop()
-    assert floors(fig) == [(pytest.approx(1 / 8), "saturated rows' floor 1/T = 1/8")]
-    assert "saturated rows' floor 1/T = 1/8" in [t.get_text() for t in fig.legends[0].texts]
-    make_run(sweep, ["scaling=dk", "trainer.seed=1"], [4.2, 3.0, 2.5],
-             config={"model": {"block_size": 16}})
-    figures.plot_diagnostics(group_runs(load_runs([sweep])[0]), tmp_path / "mixed.png", "")
-    assert floors(shown.pop()) == []   # no one floor for two block sizes
 
 
 def test_plot_runs_prints_the_corpus_levels_above_every_table(english, tmp_path,
