@@ -167,7 +167,7 @@ def summary_panels(axes, tables: dict, settings: list[tuple], held: dict) -> lis
         axes[1].errorbar([x], [loss.mean], yerr=bars, capsize=3, color=s["color"],
                          marker=s["marker"], mfc="none" if hollow else None)
         sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
-        if sens is not None and len(table) > 1:   # one LR: 0 by construction, not drawn
+        if sens is not None:   # None for a group of one LR (stats.sensitivity_by_seed)
             axes[2].errorbar([x], [sens.mean], yerr=nonnegative_bars([sens]), capsize=3,
                              color=s["color"], marker=s["marker"])
     join_points(axes, tables, settings, xs, numeric, held)
@@ -216,8 +216,7 @@ def join_points(axes, tables, settings, xs, numeric: bool, held: dict) -> None:
     for key, table in tables.items():
         best = held[key]["best"]
         loss = st.mean_interval(list(held[key]["loss"].values()))
-        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values())) \
-            if len(table) > 1 else None
+        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
         if best is not None and loss is not None:
             x = xs[settings.index(setting_of(key))] * (
                 dodge(key[0][1], [k[0][1] for k in tables]) if numeric else 1.0)

@@ -19,7 +19,7 @@ from typing import Optional
 import matplotlib.pyplot as plt
 
 from scripts.report import stats as st
-from scripts.report.figures import blank, suptitle
+from scripts.report.figures import blank, shows, suptitle
 from scripts.report.lr_figure import init_cap, nonnegative_bars
 from scripts.report.runs import LR_KEY, RunRecord, group_runs
 
@@ -109,7 +109,7 @@ def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
             if not values:
                 blank(ax, f"{names[key]}:\nno per-head {stat}")
                 continue
-            if log and not any(v > 0 for v in values):   # uniform: its scores ignore q, k
+            if log and not shows(values, log):   # uniform: its scores ignore q and k
                 blank(ax, f"{names[key]}: {stat} 0 at every\nhead, off the log axis")
                 continue
             if log:

@@ -297,7 +297,10 @@ def grid_mean_by_seed(table: dict[float, dict]) -> dict:
 
 def sensitivity_by_seed(table: dict[float, dict]) -> dict:
     """seed -> LR sensitivity (Wortsman et al. 2023): the mean over the LR grid of the clipped
-    loss minus its minimum over the grid, for the seeds complete over the grid."""
+    loss minus its minimum over the grid, for the seeds complete over the grid; none for a
+    group of one LR, where it is 0 by construction and so not defined."""
+    if len(table) <= 1:
+        return {}
     return {seed: grid_mean_by_seed(table)[seed] - min(table[lr][seed] for lr in table)
             for seed in complete_seeds(table)}
 

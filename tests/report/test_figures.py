@@ -19,6 +19,7 @@ import pytest
 matplotlib.use("Agg")
 from conftest import (  # noqa: E402
     N_LAYER,
+    ROOT,
     STABILITY_LRS,
     curve,
     make_run,
@@ -382,7 +383,6 @@ def test_lr_figure_of_a_committed_two_stage_result_keeps_its_labels_apart(tmp_pa
     a loss-vs-LR panel narrower than a decade (the log axis's minor labels overprinted
     there), two reference levels off the panel above one near its top, and groups of one
     LR, whose sensitivity (0 by construction) is not drawn."""
-    from conftest import ROOT
     results = ROOT / "docs" / "results"
     runs, levels = read_runs_csv(results / "scaling_ablation" / "runs.csv")
     select, _ = read_runs_csv(results / "scaling_ablation_select" / "runs.csv")

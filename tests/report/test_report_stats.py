@@ -163,6 +163,7 @@ def test_lr_table_best_lr_and_sensitivity_by_hand():
     assert not best["edge"]
     table[1e-1].pop("2")   # seed 2 no longer covers the grid
     assert list(st.sensitivity_by_seed(table)) == ["1"]
+    assert st.sensitivity_by_seed({1e-2: {"1": 1.0, "2": 1.1}}) == {}   # one LR: not defined
 
 
 def test_best_lr_lists_the_lrs_it_is_not_resolved_from():
