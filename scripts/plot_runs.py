@@ -6,9 +6,14 @@
                                 [--select-seeds 1,2 | --report-seeds 3,4,5]
                                 [--select-from STAGE1/runs.csv]
     python scripts/plot_runs.py --from-csv DIR/runs.csv --out DIR2 [same options]
+    python scripts/plot_runs.py SWEEP_DIR --from-csv STAGE/runs.csv --out DIR [same options]
 
 SWEEP_DIR is one preset run (multirun/<preset>/<time>/, one folder per job) or a single run
-folder. Only the folders named are read: name several to pool sweeps on purpose. Writes:
+folder. Only the folders named are read: name several to pool sweeps on purpose. --from-csv
+reads the runs of a report's runs.csv (and the curves.jsonl beside it) instead of their
+folders, alone or pooled with sweep folders: a sweep run in stages on machines whose run
+folders are gone is reported from each earlier stage's committed files plus the last stage's
+folders. Writes:
 
 - DIR/results.md        the tables of scripts/report/tables.py (also printed): final losses
                         with the failed runs counted and left out, for data=recall runs the
@@ -20,6 +25,9 @@ folder. Only the folders named are read: name several to pool sweeps on purpose.
 - DIR/runs.csv          one row per run: its folder, swept keys and final numbers
                         (scripts/report/runs_csv.py); --from-csv rebuilds the tables and the
                         LR figure from it alone
+- DIR/curves.jsonl      the records the step-curve figures draw, one line per run
+                        (scripts/report/curves.py); with it --from-csv draws every figure.
+                        Both files are written when sweep folders were read
 - DIR/loss_curves.png   val loss vs step, one panel per setting (per scale when the sweep
                         varies only the scale)
 - DIR/accuracy_curves.png  data=recall runs: val accuracy vs step, panels as loss_curves.png,
@@ -74,6 +82,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.errors import UserError  # noqa: E402
 from scripts.report import ngram  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
+from scripts.report.curves import CURVES_FILE, write_curves  # noqa: E402
 from scripts.report.figures import (  # noqa: E402
     plot_accuracy,
     plot_diagnostics,
@@ -93,7 +102,7 @@ from scripts.report.runs import (  # noqa: E402
     value_order,
     varying_keys,
 )
-from scripts.report.runs_csv import read_runs_csv, write_runs_csv  # noqa: E402
+from scripts.report.runs_csv import has_curves, read_runs_csv, write_runs_csv  # noqa: E402
 from scripts.report.stability_figure import plot_stability  # noqa: E402
 from scripts.report.tables import Reading, appendix, markdown_report  # noqa: E402
 from scripts.report.width import WIDTH_KEY  # noqa: E402
@@ -150,33 +159,50 @@ def make_plan(args, lr_runs: list, select_runs: Optional[list]) -> tuple[st.Plan
 
 
 def read_runs(args) -> tuple[list, list, str, Optional[dict], str]:
-    """(runs, skipped, what was read, reference levels of a runs.csv, why nothing was read)."""
-    if args.from_csv is not None:
-        if args.sweeps:
-            return [], [], "", None, "give sweep folders or --from-csv, not both."
-        runs, levels = read_runs_csv(args.from_csv)
-        return runs, [], f"Runs read from `{args.from_csv}` (one row per run).", levels, ""
+    """(runs, skipped, what was read, reference levels of the runs.csv files, why nothing was
+    read): the runs of the sweep folders and of each --from-csv runs.csv, pooled."""
     missing = [str(p) for p in args.sweeps if not p.is_dir()]
-    if missing or not args.sweeps:
+    if missing or not (args.sweeps or args.from_csv):
         return [], [], "", None, (f"not a directory: {', '.join(missing) or 'none given'}. Pass"
                                   " the multirun/<preset>/<time> folder of a sweep, a run"
                                   " folder, or --from-csv runs.csv.")
     runs, skipped = load_runs(args.sweeps)
     for s in skipped:
         print(f"skipped {s}", file=sys.stderr)
-    read = "Sweeps read: " + ", ".join(f"`{r}`" for r in args.sweeps)
-    return runs, skipped, read, None, ""
+    read = ["Sweeps read: " + ", ".join(f"`{r}`" for r in args.sweeps)] if args.sweeps else []
+    levels = {}
+    for path in args.from_csv:
+        csv_runs, csv_levels = read_runs_csv(path)
+        if csv_levels and levels and csv_levels != levels:
+            return [], [], "", None, (f"{path} was judged against other reference levels than"
+                                      f" {args.from_csv[0]}: pool runs.csv files of one corpus.")
+        runs += csv_runs
+        levels = csv_levels or levels
+        read.append(f"Runs read from `{path}` (one row per run).")
+    seen = set()
+    for run in runs:
+        if str(run.path) in seen:
+            return [], [], "", None, (f"the run {run.path} is read twice: name each sweep folder"
+                                      " and runs.csv once, and pool only runs.csv files of other"
+                                      " runs than the folders hold.")
+        seen.add(str(run.path))
+    return runs, skipped, " ".join(read), levels or None, ""
 
 
 def draw_heads(run_dir: Path, out: Path) -> str:
     """DIR/heads_<run folder>.png for --heads RUN_DIR, and a note on what was drawn."""
     run, why = load_run(run_dir)
-    name = "heads_" + re.sub(r"[^A-Za-z0-9._=-]+", "_", run_dir.resolve().name) + ".png"
     if run is None:
         return f"--heads {run_dir}: not drawn ({why})"
+    return draw_run_heads(run, out)
+
+
+def draw_run_heads(run, out: Path) -> str:
+    """DIR/heads_<run folder>.png of a run, and a note on what was drawn."""
+    name = "heads_" + re.sub(r"[^A-Za-z0-9._=-]+", "_", run.path.resolve().name) + ".png"
     if not plot_heads(run, out / name):
-        return f"--heads {run_dir}: not drawn (its eval records have no attn_heads)"
-    return f"per-head attention statistics of {run_dir}: {name}"
+        return f"--heads {run.path}: not drawn (its eval records have no attn_heads)"
+    return f"per-head attention statistics of {run.path}: {name}"
 
 
 def heads_of_seed(seed: str, curves: dict, out: Path) -> list[str]:
@@ -186,7 +212,7 @@ def heads_of_seed(seed: str, curves: dict, out: Path) -> list[str]:
     notes = []
     for key, runs in curves.items():
         run = next((r for r in runs if r.seed == seed), None)
-        notes.append(draw_heads(run.path, out) if run is not None else
+        notes.append(draw_run_heads(run, out) if run is not None else
                      f"--heads-seed {seed}: {label(key)} has no run of that seed")
     return notes
 
@@ -199,8 +225,10 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweeps", nargs="*", type=Path, help="sweep or run folders to read")
     parser.add_argument("--out", type=Path, required=True, help="folder for figures and tables")
-    parser.add_argument("--from-csv", type=Path, metavar="RUNS_CSV",
-                        help="rebuild the tables and the LR figure from a runs.csv alone")
+    parser.add_argument("--from-csv", type=Path, action="append", default=[],
+                        metavar="RUNS_CSV",
+                        help="also read the runs of this runs.csv (and of the curves.jsonl"
+                        " beside it), e.g. an earlier stage of the sweep (repeatable)")
     parser.add_argument("--loss", choices=tuple(st.LOSSES), default="full",
                         help="final loss of the tables: full = final_val_loss_full (the whole"
                         " validation split, default), sampled = final_val_loss")
@@ -240,7 +268,7 @@ def report(args, levels: Optional[dict]) -> int:
     levels = levels if levels is not None else csv_levels
     if not runs:
         print("plot_runs: no run with eval records found in "
-              f"{', '.join(map(str, args.sweeps or [args.from_csv]))}; point it at a sweep's"
+              f"{', '.join(map(str, args.sweeps + args.from_csv))}; point it at a sweep's"
               " folder of jobs.", file=sys.stderr)
         return 2
     groups = group_runs(runs)
@@ -272,13 +300,15 @@ def report(args, levels: Optional[dict]) -> int:
                          "view; read a held-out loss from a later stage (--select-from)")
         elif not curves:
             notes.append(f"no chosen LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
-    if levels is None and args.from_csv is None:
+    if levels is None and not args.from_csv:
         levels, why = ngram.levels_of_runs([r.path for r in runs])
         if why:
             notes.append(why)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.from_csv is not None:
-        notes.append("step-curve figures need the run folders' records: not drawn from a CSV")
+    records = all(map(has_curves, runs))
+    if not records:
+        notes.append(f"step-curve figures need every run's records (its folder, or the"
+                     f" {CURVES_FILE} beside its runs.csv): not drawn")
     elif curves:
         plot_losses(curves, args.out / "loss_curves.png", note, levels)
         plot_accuracy(curves, args.out / "accuracy_curves.png", note)
@@ -287,23 +317,26 @@ def report(args, levels: Optional[dict]) -> int:
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
     if lr_runs:
         plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held, levels)
-        if args.from_csv is None:
+        if records:
             plot_stability(lr_runs, args.loss, args.out / "lr_stability.png", levels)
         if WIDTH_KEY in varying_keys(lr_runs):
             plot_width(lr_runs, args.loss, args.out / "width_transfer.png")
     for run_dir in args.heads:
         notes.append(draw_heads(run_dir, args.out))
     if args.heads_seed is not None:
-        notes += (["--heads-seed needs the run folders' records: not drawn from a CSV"]
-                  if args.from_csv is not None else heads_of_seed(args.heads_seed, curves,
-                                                                   args.out))
+        notes += (heads_of_seed(args.heads_seed, curves, args.out) if records else
+                  ["--heads-seed needs every run's records: not drawn"])
     reading = Reading(args.loss, args.baseline, pairs, levels, plan, args.one_control)
     text = (markdown_report(read, runs, groups, lr_runs, reading)
             + appendix(runs, reading, skipped, notes))
     if levels:
         text = ngram.above_every_table(text, ngram.levels_line(levels))
-    if args.from_csv is None:
+    if args.sweeps:   # a runs.csv read alone is not written again
         write_runs_csv(runs, args.out / "runs.csv", args.loss, levels)
+        if records:
+            write_curves(runs, args.out / CURVES_FILE)
+        else:   # one that no longer matches runs.csv
+            (args.out / CURVES_FILE).unlink(missing_ok=True)
     (args.out / "results.md").write_text(text)
     print(text)
     return 0

@@ -21,6 +21,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from scripts.report.runs import RunRecord
 from trainer.schema import register_configs
 
 
@@ -359,6 +360,72 @@ def make_run(sweep: Path, overrides: list[str], val: list[float], *, step=10, fu
             summary.update(full_eval_targets=targets[0], full_eval_split_targets=targets[1])
         (run / "summary.json").write_text(json.dumps(summary))
     return run
+
+
+# data=recall runs: an evaluation every STEP steps, the step-0 loss INIT (about ln(33))
+STEP = 25
+INIT = 3.5
+
+
+def make_recall_run(sweep: Path, overrides: list[str], accuracy: list[float], val=None, *,
+                    final_accuracy=None, full=None, finished=True, hydra_config=True, **kw):
+    """A data=recall job folder: make_run's, with val_accuracy[i] = accuracy[i] in the eval
+    record of step i * STEP, final_val_accuracy in summary.json (default: the last accuracy)
+    and, with hydra_config, a .hydra/config.yaml whose data source is recall."""
+    if val is None:   # a loss that falls as the accuracy rises
+        val = [INIT * (1 - a) + 0.01 for a in accuracy]
+    run = make_run(sweep, overrides, val, step=STEP, full=val[-1] if full is None else full,
+                   finished=finished, config={"data": {"num_values": 32}}, **kw)
+    metrics = run / "metrics.jsonl"
+    records, i = [], 0
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "eval":
+            record["val_accuracy"] = accuracy[i]
+            i += 1
+        records.append(record)
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if finished:
+        summary = json.loads((run / "summary.json").read_text())
+        summary["final_val_accuracy"] = accuracy[-1] if final_accuracy is None else final_accuracy
+        (run / "summary.json").write_text(json.dumps(summary))
+    if hydra_config:
+        (run / ".hydra" / "config.yaml").write_text(
+            "data:\n  source: recall\n  name: recall\n  document: sequence\n")
+    return run
+
+
+# accuracy per eval (steps 0, 25, 50, ...): the first at >= 0.9 is at step 100 exactly
+AT_100 = [0.0, 0.03, 0.5, 0.89, 0.9, 0.97, 1.0]
+AT_150 = [0.0, 0.03, 0.04, 0.3, 0.8, 0.89, 0.95]
+NEVER = [0.0, 0.03, 0.2, 0.5, 0.89, 0.6, 0.4]   # close, then falls back: never solved
+# seed -> (accuracy curve, final whole-set accuracy) of each scale
+RECALL = {"sqrt_dk": {1: (AT_100, 0.998), 2: (AT_150, 0.96), 3: (NEVER, 0.41)},
+          "none": {1: (AT_150, 0.97), 2: (NEVER, 0.38), 3: (NEVER, 0.35)}}
+
+
+def make_recall_sweep(root: Path) -> Path:
+    sweep = root / "multirun" / "recall_scaling" / "t"
+    for scaling, seeds in RECALL.items():
+        for seed, (accuracy, final) in seeds.items():
+            make_recall_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"], accuracy,
+                            final_accuracy=final)
+    return sweep
+
+
+def heads_run(tmp_path, block_size=8):
+    """A RunRecord of 2 layers x 3 heads whose per-head value is step + 10 layer + head."""
+    def value(step, layer, head):
+        return 1.0 + step + 10 * layer + head
+
+    evals = [{"kind": "eval", "step": step, "val_loss": 2.0,
+              "attn_heads": {key: [[value(step, layer, head) for head in range(3)]
+                                   for layer in range(2)]
+                             for key in ("entropy", "saturated", "max_logit", "raw_var",
+                                         "raw_max_logit")}}
+             for step in (0, 5, 10)]
+    info = {"config": {"model": {"block_size": block_size}}}
+    return RunRecord(tmp_path / "run", {}, "sqrt_dk", [], evals, None, info), value
 
 
 # stability_sweep: arm -> {lr: final whole-split loss at seed 0}, None where the run diverges

@@ -5,6 +5,7 @@
                   runs, the LR analyses (the LR chosen on held-out seeds)
     tables.py     the Markdown tables of results.md
     runs_csv.py   runs.csv: one row per run, and the runs read back from it (--from-csv)
+    curves.py     curves.jsonl: the records the step-curve figures draw, beside runs.csv
     figures.py    the step-curve figures (losses, attention diagnostics, q/k gradient norms)
     lr_figure.py  the learning-rate figure of an LR sweep
     stability_figure.py  the high-LR figure: loss vs LR per arm, logits and entropy at the

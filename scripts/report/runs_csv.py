@@ -39,6 +39,7 @@ from typing import Optional
 
 from model.errors import UserError
 from scripts.report import stats as st
+from scripts.report.curves import CURVES_FILE, read_curves
 from scripts.report.runs import SEED_KEY, VARIANT_KEY, RunRecord, is_seed_key
 from scripts.report.tables import DIAGNOSTICS, layer_value
 
@@ -109,6 +110,7 @@ class CsvRun(RunRecord):
     statistics as one-element lists, which the tables combine back to the same value)."""
 
     row: dict = field(default_factory=dict)
+    with_curves: bool = False  # evals and train read from the curves.jsonl beside runs.csv
 
     @property
     def final_val_loss_sampled(self) -> float:
@@ -150,8 +152,9 @@ def parse(text: str, column: str, line: int, path: Path):
 
 
 def read_runs_csv(path: Path) -> tuple[list[RunRecord], Optional[dict]]:
-    """The runs of a runs.csv and the reference levels it was judged against (None if absent).
-    A file that is not such a CSV raises a UserError naming the file and what is wrong."""
+    """The runs of a runs.csv and the reference levels it was judged against (None if absent),
+    with their records from the curves.jsonl beside it where there is one (curves.py). A file
+    that is not such a CSV raises a UserError naming the file and what is wrong."""
     if not path.is_file():
         raise UserError(f"{path}: no such file. Pass the runs.csv that scripts/plot_runs.py"
                         " wrote beside a results.md.")
@@ -178,7 +181,17 @@ def read_runs_csv(path: Path) -> tuple[list[RunRecord], Optional[dict]]:
         levels = {c[len(REF_PREFIX):]: v for c, v in values.items()
                   if c.startswith(REF_PREFIX)} or None
         runs.append(csv_run(row, keys, values))
+    if (path.parent / CURVES_FILE).is_file():
+        read_curves(path.parent / CURVES_FILE, runs)
+        for run in runs:
+            run.with_curves = True
     return runs, levels
+
+
+def has_curves(run: RunRecord) -> bool:
+    """Whether the run has every record the step-curve figures draw: a run read from its
+    folder, or from a runs.csv with its curves.jsonl."""
+    return not isinstance(run, CsvRun) or run.with_curves
 
 
 def csv_run(row: dict, keys: list[str], values: dict) -> CsvRun:

@@ -22,6 +22,8 @@ from conftest import (  # noqa: E402
     ROOT,
     STABILITY_LRS,
     curve,
+    heads_run,
+    make_recall_run,
     make_run,
     stability_head_value,
     stability_sweep,
@@ -31,8 +33,6 @@ from conftest import (  # noqa: E402
 from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from test_report_controls import heads_run  # noqa: E402
-from test_report_recall import make_recall_run  # noqa: E402
 
 from scripts.report import figures  # noqa: E402
 from scripts.report import stats as st  # noqa: E402

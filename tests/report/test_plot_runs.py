@@ -504,12 +504,13 @@ def test_from_csv_rebuilds_the_same_tables(ablation, ablation_report, lr_sweep, 
         first, second = ((d / "results.md").read_text() for d in (out, again))
         assert tables_of(first) == tables_of(second)
         assert "## Learning rate" in first or sweep is ablation
-        assert not (again / "runs.csv").exists() and not (again / "loss_curves.png").exists()
+        assert not (again / "runs.csv").exists()   # read alone, it is not written again
     assert (again / "lr_transfer.png").stat().st_size > 0
     assert "above the unigram reference level (3.3000" in second   # levels read from the CSV
     with pytest.raises(SystemExit):   # argparse: --from-csv still needs --out
         report_in_process("--from-csv", out / "runs.csv")
     assert report_in_process(lr_sweep, "--from-csv", out / "runs.csv", "--out", again) == 2
+    assert "is read twice" in capsys.readouterr().err   # the CSV's runs are lr_sweep's
     (tmp_path / "bad.csv").write_text("run,scaling\nx,none\n")
     assert report_in_process("--from-csv", tmp_path / "bad.csv", "--out", again) == 2
     assert "lacks the column(s) final_val_loss_full" in capsys.readouterr().err

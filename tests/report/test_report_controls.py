@@ -9,11 +9,10 @@ import pytest
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from conftest import make_run  # noqa: E402
+from conftest import heads_run, make_run  # noqa: E402
 
 from scripts import plot_runs  # noqa: E402
 from scripts.report import figures, ngram  # noqa: E402
-from scripts.report.runs import RunRecord  # noqa: E402
 
 LEVELS = {"unigram": 3.32, "bigram": 2.51, "trigram": 2.06}
 
@@ -42,21 +41,6 @@ def test_the_levels_line_goes_above_every_table_once():
         if row.startswith("| a") or row.startswith("| c"):
             assert out[i - 2] == line and out[i - 1] == ""
     assert line.endswith("unigram 3.3200, bigram 2.5100, trigram 2.0600.")
-
-
-def heads_run(tmp_path, block_size=8):
-    """A RunRecord of 2 layers x 3 heads whose per-head value is step + 10 layer + head."""
-    def value(step, layer, head):
-        return 1.0 + step + 10 * layer + head
-
-    evals = [{"kind": "eval", "step": step, "val_loss": 2.0,
-              "attn_heads": {key: [[value(step, layer, head) for head in range(3)]
-                                   for layer in range(2)]
-                             for key in ("entropy", "saturated", "max_logit", "raw_var",
-                                         "raw_max_logit")}}
-             for step in (0, 5, 10)]
-    info = {"config": {"model": {"block_size": block_size}}}
-    return RunRecord(tmp_path / "run", {}, "sqrt_dk", [], evals, None, info), value
 
 
 def test_plot_heads_draws_every_head_of_every_layer(tmp_path, monkeypatch, unrendered_figures):

@@ -7,13 +7,20 @@ built at all for the tests of the tables (tables_only)."""
 import csv
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import (
+    AT_100,
+    AT_150,
+    INIT,
+    NEVER,
+    RECALL,
+    STEP,
     T975,
     interval,
+    make_recall_run,
+    make_recall_sweep,
     make_run,
     report_in_process,
     table_row,
@@ -26,55 +33,6 @@ from scipy.stats import ttest_rel
 from scripts.report import figures
 from scripts.report.runs import load_runs
 from scripts.report.runs_csv import read_runs_csv
-
-STEP = 25
-INIT = 3.5   # about ln(33): the step-0 loss of a recall model
-
-
-def make_recall_run(sweep: Path, overrides: list[str], accuracy: list[float], val=None, *,
-                    final_accuracy=None, full=None, finished=True, hydra_config=True, **kw):
-    """A data=recall job folder: make_run's, with val_accuracy[i] = accuracy[i] in the eval
-    record of step i * STEP, final_val_accuracy in summary.json (default: the last accuracy)
-    and, with hydra_config, a .hydra/config.yaml whose data source is recall."""
-    if val is None:   # a loss that falls as the accuracy rises
-        val = [INIT * (1 - a) + 0.01 for a in accuracy]
-    run = make_run(sweep, overrides, val, step=STEP, full=val[-1] if full is None else full,
-                   finished=finished, config={"data": {"num_values": 32}}, **kw)
-    metrics = run / "metrics.jsonl"
-    records, i = [], 0
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        if record["kind"] == "eval":
-            record["val_accuracy"] = accuracy[i]
-            i += 1
-        records.append(record)
-    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
-    if finished:
-        summary = json.loads((run / "summary.json").read_text())
-        summary["final_val_accuracy"] = accuracy[-1] if final_accuracy is None else final_accuracy
-        (run / "summary.json").write_text(json.dumps(summary))
-    if hydra_config:
-        (run / ".hydra" / "config.yaml").write_text(
-            "data:\n  source: recall\n  name: recall\n  document: sequence\n")
-    return run
-
-
-# accuracy per eval (steps 0, 25, 50, ...): the first at >= 0.9 is at step 100 exactly
-AT_100 = [0.0, 0.03, 0.5, 0.89, 0.9, 0.97, 1.0]
-AT_150 = [0.0, 0.03, 0.04, 0.3, 0.8, 0.89, 0.95]
-NEVER = [0.0, 0.03, 0.2, 0.5, 0.89, 0.6, 0.4]   # close, then falls back: never solved
-# seed -> (accuracy curve, final whole-set accuracy) of each scale
-RECALL = {"sqrt_dk": {1: (AT_100, 0.998), 2: (AT_150, 0.96), 3: (NEVER, 0.41)},
-          "none": {1: (AT_150, 0.97), 2: (NEVER, 0.38), 3: (NEVER, 0.35)}}
-
-
-def make_recall_sweep(root: Path) -> Path:
-    sweep = root / "multirun" / "recall_scaling" / "t"
-    for scaling, seeds in RECALL.items():
-        for seed, (accuracy, final) in seeds.items():
-            make_recall_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"], accuracy,
-                            final_accuracy=final)
-    return sweep
 
 
 @pytest.fixture(scope="module")
