@@ -38,7 +38,8 @@ folders. Writes:
 - DIR/qk_grad_norms.png q and k projection gradient norms vs step
 - DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
                         the setting, and each scale's loss at its chosen LR (held-out seeds)
-- DIR/lr_stability.png  an LR sweep whose runs record per-head statistics: each arm's loss
+- DIR/lr_stability.png  an LR grid (not a stage read with --select-from) whose runs record
+                        per-head statistics and where some arm ran more than one LR: each arm's loss
                         vs LR in one panel, and its largest attention logit and most one-hot
                         head's normalised entropy vs step at its highest stable and first
                         failing LR, or its best LR and the grid's top where no run failed
@@ -317,7 +318,7 @@ def report(args, levels: Optional[dict]) -> int:
         plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
     if lr_runs:
         plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held, levels)
-        if records:
+        if records and select_runs is None:   # a stage that reads its LRs elsewhere has no grid
             plot_stability(lr_runs, args.loss, args.out / "lr_stability.png", levels)
         if WIDTH_KEY in varying_keys(lr_runs):
             plot_width(lr_runs, args.loss, args.out / "width_transfer.png")

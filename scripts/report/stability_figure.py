@@ -82,10 +82,14 @@ ROWS = (("max_logit", max, "max attention logit\n(every layer and head)", True),
 
 def plot_stability(lr_runs: list[RunRecord], which: str, path: Path,
                    levels: Optional[dict] = None) -> bool:
-    """Draws the figure; False (nothing written) when no run has per-head statistics."""
+    """Draws the figure; False (nothing written) when no run has per-head statistics, or when
+    no arm ran more than one LR (a stage that reports each scale at its chosen LR: there is no
+    grid to read the stability on)."""
     if not any("attn_heads" in e for r in lr_runs for e in r.evals):
         return False
     arms = group_runs(lr_runs, drop=(LR_KEY,))
+    if all(len({r.lr for r in runs}) < 2 for runs in arms.values()):
+        return False
     names = arm_labels(list(arms))
     cols = len(arms)
     fig = plt.figure(figsize=(max(2.6 * cols, 7.0), 8.4), layout="constrained")

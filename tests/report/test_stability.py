@@ -137,3 +137,20 @@ def test_one_control_puts_every_arm_against_the_scale_without_a_bound_in_one_fam
     assert float(unscaled[4]) > p
     assert float(capped[5]) == pytest.approx(2 * p, rel=5e-3)
     assert capped[6] == "lower than control"
+
+
+def test_no_figure_where_each_arm_ran_one_lr(sweep, tmp_path, unrendered_figures):
+    """A reported stage (each scale at its chosen LR) has no grid to read stability on: its
+    report draws no lr_stability.png, though its runs record per-head statistics."""
+    runs, _ = load_runs([sweep])
+    chosen = [r for r in runs if r.lr == 1e-2]
+    assert not plot_stability(chosen, "full", tmp_path / "one.png")
+    assert not (tmp_path / "one.png").exists()
+    assert plot_stability(chosen + [r for r in runs if r.variant == "none" and r.lr == 1e-3],
+                          "full", tmp_path / "two.png")   # one arm with two LRs: a grid
+    grid = tmp_path / "grid"
+    assert report_in_process(sweep, "--out", grid) == 0
+    assert (grid / "lr_stability.png").is_file()
+    stage = tmp_path / "stage"   # the same runs read as a stage whose LRs were chosen on grid's
+    assert report_in_process(sweep, "--out", stage, "--select-from", grid / "runs.csv") == 0
+    assert not (stage / "lr_stability.png").exists()
