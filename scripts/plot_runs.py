@@ -301,7 +301,7 @@ def report(args, levels: Optional[dict]) -> int:
                          "view; read a held-out loss from a later stage (--select-from)")
         elif not curves:
             notes.append(f"no chosen LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
-    if levels is None and not args.from_csv:
+    if levels is None and args.sweeps:   # a runs.csv's levels, else those of the folders read
         levels, why = ngram.levels_of_runs([r.path for r in runs])
         if why:
             notes.append(why)
