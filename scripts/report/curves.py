@@ -55,7 +55,7 @@ def curves_of(run: RunRecord) -> dict:
     ends = evals[:1] + middle + evals[1:][-1:]
     rows = [r for r in run.train if any(r.get(k) is not None for k in TRAIN_FIELDS)]
     train = {k: rounded([r.get(k) for r in rows]) for k in ("step", *TRAIN_FIELDS)}
-    settings = {k: run.setting(k) for k in FIGURE_SETTINGS if run.setting(k) is not None}
+    settings = {k: v for k in FIGURE_SETTINGS if (v := run.setting(k)) is not None}
     return {"run": str(run.path), "settings": settings, "evals": ends, "train": train}
 
 
@@ -91,12 +91,12 @@ def read_curves(path: Path, runs: list[RunRecord]) -> None:
                             " (a JSON object with run, evals and train). Regenerate it with"
                             " its runs.csv from the sweep folders, or delete it to read"
                             " runs.csv alone.") from None
-    names = {str(r.path) for r in runs}
+    same_runs = set(curves) == {str(r.path) for r in runs}
     for run in runs:
-        record = curves.get(str(run.path))
-        evals = [] if record is None else record.get("evals") or []
+        record = curves.get(str(run.path)) or {}
+        evals = record.get("evals") or []
         steps = [run.evals[0].get("step"), run.evals[-1].get("step")]
-        if set(curves) != names or [e.get("step") for e in evals[:1] + evals[-1:]] != steps:
+        if not same_runs or [e.get("step") for e in evals[:1] + evals[-1:]] != steps:
             raise UserError(f"{path} does not match the runs.csv beside it ({run.path}: no"
                             " record, or other first and last evaluation steps). Write both"
                             " with one report of the sweep folders, or delete curves.jsonl to"
