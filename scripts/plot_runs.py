@@ -305,6 +305,8 @@ def report(args, levels: Optional[dict]) -> int:
         levels, why = ngram.levels_of_runs([r.path for r in runs])
         if why:
             notes.append(why)
+    elif levels is None and runs and all(r.recall for r in runs):   # a recall runs.csv alone
+        notes.append(ngram.NO_LEVELS_RECALL)
     args.out.mkdir(parents=True, exist_ok=True)
     records = all(map(has_curves, runs))
     if not records:

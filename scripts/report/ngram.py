@@ -244,6 +244,11 @@ def data_overrides(run_dir: Path) -> list[str]:
     return [str(item) for item in items if str(item).lstrip("+").startswith("data")]
 
 
+NO_LEVELS_RECALL = ("no reference levels: data=recall generates its sequences (no corpus, no"
+                    " n-gram counts), so a run fails only by a non-finite loss or a final loss"
+                    " above its step-0 loss")
+
+
 def levels_of_runs(run_dirs: list[Path]) -> tuple[dict[str, float] | None, str]:
     """The reference levels shared by the runs, or None and why not (no data config, several
     data configs, generated data (data=recall), or the cache could not be made: then the
@@ -260,9 +265,7 @@ def levels_of_runs(run_dirs: list[Path]) -> tuple[dict[str, float] | None, str]:
                       " on the runs of one corpus at a time")
     cfg, run_dir = next(iter(configs.values()))
     if cfg.source == "recall":
-        return None, ("no reference levels: data=recall generates its sequences (no corpus, no"
-                      " n-gram counts), so a run fails only by a non-finite loss or a final"
-                      " loss above its step-0 loss")
+        return None, NO_LEVELS_RECALL
     try:
         return reference_levels(cfg), ""
     except (UserError, OSError) as e:

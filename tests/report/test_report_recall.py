@@ -118,6 +118,7 @@ def test_recall_tables_rebuilt_from_the_csv_are_the_same(tmp_path, tables_only):
     first, second = ((d / "results.md").read_text() for d in (out, again))
     assert "(+1 still running below it)" in first
     assert tables_of(first) == tables_of(second)
+    assert first.split("\n", 3)[3] == second.split("\n", 3)[3]   # all but "Sweeps read"
 
 
 def test_accuracy_curves_are_drawn_for_recall_runs_only(recall_report, tmp_path,
