@@ -138,10 +138,12 @@ def schema_default(key: str):
 
 
 def finished(step: int, max_steps: int, run_dir: Path, rank: int) -> bool:
-    """Whether a resumed run has nothing left to do (its checkpoint is at trainer.max_steps, or
-    its summary.json says it diverged); rank 0 says why."""
+    """Whether a resumed run has nothing left to do (its checkpoint is at trainer.max_steps and
+    its summary.json is written, or its summary.json says it diverged); rank 0 says why. A
+    checkpoint at trainer.max_steps without summary.json is a run stopped while finishing (the
+    whole-split evaluation, the samples): train.py then trains no step and does the rest."""
     summary = run_dir / "summary.json"
-    if step >= max_steps:
+    if step >= max_steps and summary.is_file():
         reason = (f"its checkpoint is at step {step} and trainer.max_steps={max_steps}; raise "
                   "trainer.max_steps to train it further")
     elif summary.is_file() and json.loads(summary.read_text()).get("diverged"):

@@ -117,6 +117,30 @@ def test_resuming_a_finished_run_changes_nothing(tiny_cfg, tiny_run, tmp_path,
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
+def test_a_run_stopped_while_finishing_is_finished_on_resume(tiny_cfg, tiny_run, tmp_path,
+                                                            capsys):
+    """Killed after its last.pt at trainer.max_steps but before summary.json (during the
+    whole-split evaluation or the samples): resuming it does what was left, with the same
+    numbers as the uninterrupted run, instead of calling it finished without a summary."""
+    run_dir = copy_run(tiny_run[0], tmp_path / "run")
+    (run_dir / "summary.json").unlink()
+    (run_dir / "samples.txt").unlink()
+    summary = train.train(derive(tiny_cfg, ["trainer.resume=auto"]), run_dir)
+    assert "Nothing to do" not in capsys.readouterr().out
+    want = tiny_run[1]
+    assert summary is not None and summary["steps"] == want["steps"] == 8
+    same = ("final_val_loss", "final_val_loss_full", "best_val_loss", "best_step",
+            "init_val_loss", "final_val_bpb_full", "full_eval_targets", "diverged")
+    assert {k: summary[k] for k in same} == {k: want[k] for k in same}
+    assert summary["tokens_per_sec"] is None   # this segment trained no step
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert (run_dir / "samples.txt").read_text() == (tiny_run[0] / "samples.txt").read_text()
+    segments = json.loads((run_dir / "run.json").read_text())["segments"]
+    assert [(s["start_step"], s["end_step"], s["ended"]) for s in segments] == [
+        (0, 8, "finished"), (8, 8, "finished")]
+    assert [r["step"] for r in records(run_dir, "eval")] == [0, 4, 8]   # no step evaluated twice
+
+
 def test_a_torn_last_metrics_line_is_dropped(tiny_cfg, tiny_run, tmp_path,
                                              monkeypatch):
     def tear(run_dir):   # as kill -9 in the middle of a write would
