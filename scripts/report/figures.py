@@ -614,5 +614,21 @@ def head_panel(ax, run, stat: tuple[str, bool], where: tuple[int, int], T) -> No
         ax.axhline(1 / T, color="0.35", lw=0.9, ls=(0, (1, 2)))
         ax.text(0.01, 1 / T, "floor 1/T", transform=ax.get_yaxis_transform(),
                 ha="left", va="bottom", fontsize=9, color="0.3")
+    if not log:
+        hold_flat(ax)
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=9)
+
+
+def hold_flat(ax, agree: float = 1e-4) -> None:
+    """A linear panel whose lines agree to `agree` of their value but not exactly (a constant
+    quantity, such as uniform attention's entropy, read from curves.jsonl, which rounds its last
+    digits) gets the range matplotlib gives an exactly constant line, 5.5% each side (5%, then
+    its margin): autoscaled, the wobble in the last digits would fill the panel as steps."""
+    values = [v for line in ax.lines for v in line.get_ydata() if math.isfinite(v)]
+    if not values:
+        return
+    lo, hi = min(values), max(values)
+    centre = (lo + hi) / 2
+    if 0 < hi - lo <= agree * abs(centre):
+        ax.set_ylim(centre - 0.055 * abs(centre), centre + 0.055 * abs(centre))

@@ -68,6 +68,25 @@ def test_plot_heads_draws_every_head_of_every_layer(tmp_path, monkeypatch, unren
     assert not figures.plot_heads(run, tmp_path / "none.png")
 
 
+def test_a_constant_head_statistic_draws_flat_when_its_last_digits_wobble(
+        tmp_path, monkeypatch, unrendered_figures):
+    """Uniform attention's entropy is one number at every step; curves.jsonl keeps it to 6
+    significant digits except at the first and last evaluation, so a figure drawn from it sees
+    3.5977 and 3.59770 +- 1e-6. Autoscaled, that wobble filled the panel as steps; the panel
+    keeps the range an exactly constant line gets (a few % around it) either way."""
+    run, _ = heads_run(tmp_path, block_size=96)
+    exact = sum(math.log(t) for t in range(1, 97)) / 96
+    for i, e in enumerate(run.evals):
+        wobble = 0.0 if i in (0, len(run.evals) - 1) else float(f"{exact:.6g}") - exact
+        e["attn_heads"]["entropy"] = [[exact + wobble] * 3 for _ in range(2)]
+    shown = []
+    monkeypatch.setattr(figures.plt, "close", shown.append)
+    assert figures.plot_heads(run, tmp_path / "heads.png")
+    for ax in shown[0].axes[:2]:   # the entropy row, both layers
+        lo, hi = ax.get_ylim()
+        assert lo < exact < hi and hi - lo >= 0.05 * exact, (lo, hi)
+
+
 def test_plot_runs_prints_the_corpus_levels_above_every_table(english, tmp_path,
                                                               unrendered_figures):
     sweep = tmp_path / "sweep"
