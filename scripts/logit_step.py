@@ -35,24 +35,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-
+from model.config import SATURATION_THRESHOLD  # noqa: E402
+from scripts.bench import compose_config  # noqa: E402
 from scripts.prepare_data import readable_errors  # noqa: E402
 from scripts.report.stats import holm, mean_interval, paired_p  # noqa: E402
 from trainer.build import build  # noqa: E402
-from trainer.schema import register_configs  # noqa: E402
 from trainer.step import train_step  # noqa: E402
 
 DEFAULT_OVERRIDES = ["experiment=scaling_ablation", "optim.lr=4e-3"]
+BASELINE = "sqrt_dk"   # every other scale's step is compared with this one's
 FIELDS = ["scaling", "seed", "step", "layer", "mean_abs_logit", "mean_abs_change",
           "saturated_rows"]
-
-
-def compose_config(overrides: list[str]):
-    """The config `python train.py <overrides>` would use."""
-    register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
-        return compose(config_name="config", overrides=overrides)
 
 
 @torch.no_grad()
@@ -64,11 +57,12 @@ def scaled_scores(attn, x: torch.Tensor) -> torch.Tensor:
 
 def saturated_share(scores: torch.Tensor) -> float:
     """The share of query rows with at least two allowed (causal) keys whose largest softmax
-    weight is above 0.99; the first row, with one key, is left out."""
+    weight is above SATURATION_THRESHOLD (0.99, as the run's statistics); the first row, with
+    one key, is left out."""
     T = scores.shape[-1]
     causal = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)   # (B, H, T, T)
-    return (weights[..., 1:, :].amax(dim=-1) > 0.99).float().mean().item()
+    return (weights[..., 1:, :].amax(dim=-1) > SATURATION_THRESHOLD).float().mean().item()
 
 
 def layer_inputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -108,8 +102,7 @@ def one_step(run, idx: torch.Tensor) -> list[dict]:
 def measure(overrides: list[str], scaling: str, seed: int, at: list[int]) -> list[dict]:
     """Train scaling at seed, measuring one step at each step of `at` (ascending)."""
     cfg = compose_config([*overrides, f"scaling={scaling}", f"trainer.seed={seed}"])
-    torch.manual_seed(seed)
-    run = build(cfg)
+    run = build(cfg)   # seeds the model's initialisation with trainer.seed
     torch.manual_seed(seed)   # as train.py seeds dropout after building
     idx = run.eval_batches["val"][0].idx.to(run.compute.device)
     rows, step = [], 0
@@ -137,21 +130,13 @@ def shown(interval) -> str:
     return f"{interval.mean:.3g} ± {interval.half:.2g} (n={interval.n})"
 
 
-def layer_means(rows: list[dict], key: str) -> dict[tuple, float]:
-    """(scaling, step, seed) -> the mean of rows[key] over layers."""
-    values: dict[tuple, list[float]] = {}
+def layer_means(rows: list[dict], key: str) -> dict[tuple, dict[int, float]]:
+    """(scaling, step) -> {seed: the mean of rows[key] over layers}."""
+    values: dict[tuple, dict[int, list[float]]] = {}
     for r in rows:
-        values.setdefault((r["scaling"], r["step"], r["seed"]), []).append(r[key])
-    return {k: sum(v) / len(v) for k, v in values.items()}
-
-
-def seeds_of(means: dict[tuple, float], scaling: str, step: int) -> list[int]:
-    return [seed for (s, t, seed) in means if (s, t) == (scaling, step)]
-
-
-def per_seed(means: dict[tuple, float], scaling: str, step: int) -> list[float]:
-    """The values of means at (scaling, step), in seeds_of's order."""
-    return [means[(scaling, step, seed)] for seed in seeds_of(means, scaling, step)]
+        values.setdefault((r["scaling"], r["step"]), {}).setdefault(r["seed"], []).append(r[key])
+    return {k: {seed: sum(v) / len(v) for seed, v in by_seed.items()}
+            for k, by_seed in values.items()}
 
 
 def summary(rows: list[dict], baseline: str) -> list[str]:
@@ -162,22 +147,20 @@ def summary(rows: list[dict], baseline: str) -> list[str]:
     means = {key: layer_means(rows, key) for key in FIELDS[4:]}
     scales = list(dict.fromkeys(r["scaling"] for r in rows))
     steps = sorted({r["step"] for r in rows})
+    labels = ("|s q.k|", "one step moves it", "saturated rows")
     lines, tests = [], []
     for step in steps:
         for scaling in scales:
-            parts = [f"{label} {shown(mean_interval(per_seed(means[key], scaling, step)))}"
-                     for key, label in zip(FIELDS[4:], ("|s q.k|", "one step moves it",
-                                                        "saturated rows"))]
+            parts = [f"{label} {shown(mean_interval(list(means[key][scaling, step].values())))}"
+                     for key, label in zip(FIELDS[4:], labels)]
             lines.append(f"step {step}, {scaling}: " + ", ".join(parts))
-            if scaling != baseline and baseline in scales:
-                change = {s: dict(zip(seeds_of(means["mean_abs_change"], s, step),
-                                      per_seed(means["mean_abs_change"], s, step)))
-                          for s in (scaling, baseline)}
-                ratio = shown(mean_interval([change[scaling][seed] / change[baseline][seed]
-                                             for seed in change[scaling]
-                                             if seed in change[baseline]]))
-                log = {s: {seed: math.log(v) for seed, v in c.items()} for s, c in change.items()}
-                tests.append((step, scaling, ratio, paired_p(log[scaling], log[baseline])))
+            if scaling != baseline and (baseline, step) in means["mean_abs_change"]:
+                ours, theirs = (means["mean_abs_change"][s, step] for s in (scaling, baseline))
+                ratio = shown(mean_interval([ours[seed] / theirs[seed]
+                                             for seed in ours if seed in theirs]))
+                p = paired_p({seed: math.log(v) for seed, v in ours.items()},
+                             {seed: math.log(v) for seed, v in theirs.items()})
+                tests.append((step, scaling, ratio, p))
     for (step, scaling, ratio, p), adjusted in zip(tests, holm([t[3] for t in tests])):
         lines.append(f"step {step}: {scaling}'s step over {baseline}'s, per seed: {ratio} "
                      f"(paired t of the log changes p {p:.3g}, Holm p {adjusted:.3g} over "
@@ -201,13 +184,13 @@ def main(argv: list[str]) -> int:
     if sorted(args.at) != args.at or args.at[0] < 0:
         parser.error(f"--at must be ascending step counts from 0, got {args.at}")
     if args.from_csv:
-        print("\n".join(summary(read_csv(args.from_csv), "sqrt_dk")))
+        print("\n".join(summary(read_csv(args.from_csv), BASELINE)))
         return 0
     rows: list[dict] = []
     status = readable_errors(lambda: rows.extend(run_all(args)))   # a bad override: exit 2
     if status:
         return status
-    print("\n".join(summary(rows, "sqrt_dk")))
+    print("\n".join(summary(rows, BASELINE)))
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "logit_step.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
