@@ -1,6 +1,7 @@
-"""Byte-level BPE (data.tokenizer=bpe), an option that data/tokenizer.py and data/prepare.py load
-only when a config names it: the tokenizer learns from a spread sample of the training split, and
-text is encoded in exact pieces, cut only at safe cuts, so they encode to the ids of the whole text.
+"""Byte-level BPE (data.tokenizer=bpe), an option that data/build_cache.py loads only when a
+config names it and a cache is built: the tokenizer learns from a spread sample of the training
+split, and text is encoded in exact pieces, cut only at safe cuts, so they encode to the ids of
+the whole text.
 """
 
 import array

@@ -1,4 +1,4 @@
-"""The token cache on disk (built by data/prepare.py; docs/data.md "The token cache"):
+"""The token cache on disk (docs/data.md "The token cache"); data/build_cache.py writes it:
 
     <cache_root>/tokens/<name>-<tokenizer>[<vocab>]-<key[:16]>/
         tokenizer.json                 the tokenizer (trainer/run_dir.py copies it into runs)
@@ -37,43 +37,6 @@ def file_lock(path: Path):
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.bin"
-
-
-def close_synced(f) -> None:
-    if f is not None and not f.closed:
-        f.flush()
-        os.fsync(f.fileno())
-        f.close()
-
-
-class ShardWriter:
-    """Append token ids (and document starts) to a split's shard files, in order."""
-
-    def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int):
-        self.folder, self.split, self.dtype = folder, split, np.dtype(dtype)
-        self.shard_tokens, self.shard_sizes = shard_tokens, []   # tokens in each shard so far
-        self.n_tokens = self.n_docs = 0
-        self.file, self.docs = None, open(folder / f"{split}_docs.bin", "wb")
-
-    def write(self, ids: np.ndarray, doc_starts: np.ndarray) -> None:
-        """`ids` continue the split; `doc_starts` are the split offsets of documents in them."""
-        self.docs.write(np.asarray(doc_starts, dtype=np.int64).tobytes())
-        self.n_docs += len(doc_starts)
-        ids = np.asarray(ids, dtype=self.dtype)
-        while len(ids):
-            if self.file is None or self.shard_sizes[-1] == self.shard_tokens:   # next shard
-                close_synced(self.file)
-                self.file = open(self.folder / shard_name(self.split, len(self.shard_sizes)), "wb")
-                self.shard_sizes.append(0)
-            room = self.shard_tokens - self.shard_sizes[-1]
-            part, ids = ids[:room], ids[room:]
-            self.file.write(part.tobytes())
-            self.shard_sizes[-1] += len(part)
-            self.n_tokens += len(part)
-
-    def close(self) -> None:
-        close_synced(self.file)
-        close_synced(self.docs)
 
 
 class ShardedTokens:

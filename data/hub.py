@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from data.config import DataConfig
-from data.documents import record_pieces
-from data.sources import Piece, chunked, file_identity
+from data.documents import Piece, chunked, record_pieces
+from data.sources import file_identity
 from model.errors import DataError
 
 BATCH_ROWS = 1024          # hub splits are read this many rows at a time

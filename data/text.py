@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.config import DataConfig
-from data.documents import record_pieces
-from data.sources import Piece, file_identity, normalise_stream, not_utf8
+from data.documents import Piece, normalise_stream, not_utf8, record_pieces
+from data.sources import file_identity
 from data.tokenizer import safe_cut
 from model.errors import DataError
 

@@ -45,7 +45,7 @@ def single_thread():
 
 # Modules a default run never loads: options, loaded when a config names them, and the
 # infrastructure of sweeps (README, "Reading the code").
-OPTIONS = {"model.cpu_autocast", "data.text", "data.hub", "data.bpe", "data.documents",
+OPTIONS = {"model.cpu_autocast", "data.text", "data.hub", "data.bpe",
            "data.padded", "data.recall", "trainer.loggers", "trainer.resume",
            "trainer.overrides", "trainer.qk_clip", "model.mup"}
 INFRASTRUCTURE = {"trainer.launch"}

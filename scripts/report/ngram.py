@@ -12,7 +12,7 @@ split (its last HELD_OUT share, scored with counts of the rest); the counts are 
 the whole training split and the validation split is scored once with that k. Validation never
 chooses anything.
 
-Both splits are read as the token cache stores them (data/prepare.py: every document followed
+Both splits are read as the token cache stores them (data/build_cache.py: every document followed
 by EOT) and each is one stream preceded by n-1 EOT tokens, a document boundary: every token of
 the split is a target, with the context of the tokens before it. Counts are sparse: the n-gram
 (t1, ..., tn) is packed into one int64, ((t1 V + t2) V + ...) V + tn, and the stream is read in

