@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from model.config import SATURATION_THRESHOLD  # noqa: E402
 from scripts.bench import compose_config  # noqa: E402
 from scripts.prepare_data import readable_errors  # noqa: E402
-from scripts.report.stats import holm, mean_interval, paired_p  # noqa: E402
+from scripts.report.stats import common_seeds, holm, mean_interval, paired_p  # noqa: E402
 from trainer.build import build  # noqa: E402
 from trainer.step import train_step  # noqa: E402
 
@@ -123,7 +123,7 @@ def read_csv(path: Path) -> list[dict]:
                  **{k: float(r[k]) for k in FIELDS[4:]}} for r in csv.DictReader(f)]
 
 
-def shown(interval) -> str:
+def interval_text(interval) -> str:
     """An Interval as mean ± half-width (n), to 3 significant digits."""
     if interval.half is None:
         return f"{interval.mean:.3g} (n={interval.n})"
@@ -151,13 +151,15 @@ def summary(rows: list[dict], baseline: str) -> list[str]:
     lines, tests = [], []
     for step in steps:
         for scaling in scales:
-            parts = [f"{label} {shown(mean_interval(list(means[key][scaling, step].values())))}"
-                     for key, label in zip(FIELDS[4:], labels)]
+            parts = []
+            for key, label in zip(FIELDS[4:], labels):
+                by_seed = means[key][scaling, step]
+                parts.append(f"{label} {interval_text(mean_interval(list(by_seed.values())))}")
             lines.append(f"step {step}, {scaling}: " + ", ".join(parts))
             if scaling != baseline and (baseline, step) in means["mean_abs_change"]:
                 ours, theirs = (means["mean_abs_change"][s, step] for s in (scaling, baseline))
-                ratio = shown(mean_interval([ours[seed] / theirs[seed]
-                                             for seed in ours if seed in theirs]))
+                ratio = interval_text(mean_interval([ours[seed] / theirs[seed]
+                                                     for seed in common_seeds(ours, theirs)]))
                 p = paired_p({seed: math.log(v) for seed, v in ours.items()},
                              {seed: math.log(v) for seed, v in theirs.items()})
                 tests.append((step, scaling, ratio, p))
