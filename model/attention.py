@@ -112,8 +112,11 @@ class MultiHeadAttention(nn.Module):
         scaling, bias = config.scaling, config.bias
         self.n_head, self.d_head, self.scaling = n_head, d_head, scaling
         self.dropout, self.attn_impl = config.dropout, config.attn_impl
-        # one fused projection for q, k and v: rows [0, HD) are q, [HD, 2HD) k, [2HD, 3HD) v
-        self.qkv = nn.Linear(d_model, 3 * n_head * d_head, bias=bias)
+        # W_q, W_k, W_v: separate matrices, so an optimizer group can hold W_q and W_k apart
+        # (optim.qk_lr_mult; under Adam a constant s is their init and LR: docs/scaling.md)
+        self.q_proj = nn.Linear(d_model, n_head * d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_head * d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_head * d_head, bias=bias)
         self.proj = nn.Linear(n_head * d_head, d_model, bias=bias)
         if scaling.name == "learned":  # per-head, in log space to stay positive
             self.log_scale = nn.Parameter(torch.full((n_head,), -0.5 * math.log(d_head)))
@@ -160,11 +163,12 @@ class MultiHeadAttention(nn.Module):
         return Explained(self.merge_heads(y), weights, stats)
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, C) -> q, k, v, each (B, H, T, D): one projection, then (qk_norm) the norms."""
+        """x (B, T, C) -> q, k, v, each (B, H, T, D): Q = x W_q, K = x W_k, V = x W_v, split
+        into heads, then (qk_norm) the norms."""
         B, T, _ = x.shape
         H, D = self.n_head, self.d_head
-        qkv = self.qkv(x)  # (B, T, C) @ (C, 3HD) -> (B, T, 3HD)
-        q, k, v = (t.view(B, T, H, D) for t in qkv.split(H * D, dim=2))  # 3 x (B, T, H, D)
+        q, k, v = (proj(x).view(B, T, H, D)  # (B, T, C) @ (C, HD) -> (B, T, H, D)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
         if self.scaling.name == "qk_norm":
             q, k = self.q_norm(q), self.k_norm(k)  # normalised over D
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
@@ -202,4 +206,4 @@ class MultiHeadAttention(nn.Module):
 
     def qk_grad_norms(self) -> tuple[float, float]:
         """L2 norms of the q and k projections' gradients (diagnostics.qk_grad_norms)."""
-        return diagnostics.qk_grad_norms(self.qkv, self.n_head * self.d_head)
+        return diagnostics.qk_grad_norms(self.q_proj, self.k_proj)

@@ -63,12 +63,11 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
     }
 
 
-def qk_grad_norms(qkv: nn.Linear, HD: int) -> tuple[float, float]:
-    """L2 norms of the q and k rows' gradients ([0, HD) and [HD, 2HD) of a fused qkv, weight and
-    bias together; one host sync), or (0.0, 0.0) before any backward pass."""
-    grads = [p.grad for p in qkv.parameters()]  # weight (3HD, C), bias (3HD,)
-    if any(g is None for g in grads):
+def qk_grad_norms(q_proj: nn.Linear, k_proj: nn.Linear) -> tuple[float, float]:
+    """L2 norms of W_q's and W_k's gradients (weight and bias together; one host sync), or
+    (0.0, 0.0) before any backward pass."""
+    grads = [[p.grad for p in proj.parameters()] for proj in (q_proj, k_proj)]
+    if any(g is None for gs in grads for g in gs):
         return 0.0, 0.0
-    q_sq = sum(g[:HD].float().square().sum() for g in grads)
-    k_sq = sum(g[HD:2 * HD].float().square().sum() for g in grads)
-    return tuple(torch.stack([q_sq, k_sq]).sqrt().tolist())
+    sq = [sum(g.float().square().sum() for g in gs) for gs in grads]
+    return tuple(torch.stack(sq).sqrt().tolist())

@@ -19,6 +19,8 @@ from model.attention import MultiHeadAttention
 from model.config import IGNORE_INDEX, GPTConfig
 from model.errors import ConfigError
 
+INIT_STD = 0.02  # GPT-2's initial std of every weight matrix
+
 
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
@@ -76,18 +78,19 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight  # tied (Press & Wolf 2017)
         for module in self.modules():  # GPT-2: weights N(0, 0.02), biases 0
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         # GPT-2: scale residual output projections by 1/sqrt(2 * n_layer), one per branch
-        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        residual_std = INIT_STD / math.sqrt(2 * config.n_layer)
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
-        if config.qk_init_std is not None:  # q and k rows [0, 2HD) of each fused qkv weight
-            for block in self.blocks:
-                HD = config.n_head * config.d_head
-                nn.init.normal_(block.attn.qkv.weight[:2 * HD], mean=0.0, std=config.qk_init_std)
+        if config.qk_init_std is not None:  # W_q and W_k: GPT-2's draws rescaled to this std,
+            with torch.no_grad():  # so the random stream (and every other weight) stays sp's
+                for block in self.blocks:
+                    for proj in (block.attn.q_proj, block.attn.k_proj):
+                        proj.weight.mul_(config.qk_init_std / INIT_STD)
         if config.param.name == "mup" or config.param.zero_query:
             from model import mup  # an option: loaded only for param=mup (or a zero query)
             mup.init_width(self)

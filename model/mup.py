@@ -16,15 +16,16 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
     """The weights of a GPT with both dimensions growing with d_model, muP's "hidden" matrices:
     q, k, v, attention output, MLP in and out. The embeddings (the tied read-out among them)
     have one (V or T by C); norm gains, biases and scales are vectors."""
-    return [w for block in model.blocks for w in (block.attn.qkv.weight, block.attn.proj.weight,
-                                                  block.mlp.fc.weight, block.mlp.proj.weight)]
+    return [layer.weight for block in model.blocks
+            for layer in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj,
+                          block.attn.proj, block.mlp.fc, block.mlp.proj)]
 
 
 @torch.no_grad()
 def init_width(model: nn.Module) -> None:
     """param's initialisation on top of GPT-2's: the hidden matrices' std divided by sqrt(m),
     so each one's output keeps its size as the fan-in grows (sp's draws, scaled, so the random
-    stream is sp's); with param.zero_query q's rows [0, HD) of each qkv weight at zero, so that
+    stream is sp's); with param.zero_query each layer's W_q at zero, so that
     every logit is 0 and attention uniform at step 0, as Yang et al. 2022 recommend."""
     config = model.config
     if config.width_mult != 1.0:
@@ -32,7 +33,7 @@ def init_width(model: nn.Module) -> None:
             weight.mul_(1.0 / math.sqrt(config.width_mult))
     if config.param.zero_query:
         for block in model.blocks:
-            block.attn.qkv.weight[:config.n_head * config.d_head].zero_()
+            block.attn.q_proj.weight.zero_()
 
 
 def param_groups(params: list[nn.Parameter], model: nn.Module, lr: float,

@@ -8,11 +8,11 @@ shrink by tau / max: its largest becomes tau. Heads under tau are untouched. Unl
 soft-cap, which bounds the scores the softmax sees and leaves W_q and W_k free to keep growing,
 the clip bounds the weights themselves (docs/scaling.md, "Bounding the scores").
 
-The max comes from the step itself, with no change to the attention module: a forward hook on
-each attention's fused q/k/v projection takes q and k from its output and keeps a running max
-per head of s q.k over the allowed entries (the masks come from a pre-hook on the attention's
-call), in `max_logit`, over the step's micro-batches, in training mode only (an evaluation's
-forward does not count). The cost is one more q k^T product without gradient per layer. With
+The max comes from the step itself, with no change to the attention module: forward hooks on
+each attention's W_q and W_k take q and k from their outputs and keep a running max per head of
+s q.k over the allowed entries (the masks come from a pre-hook on the attention's call), in
+`max_logit`, over the step's micro-batches, in training mode only (an evaluation's forward does
+not count). The cost is one more q k^T product without gradient per layer. With
 several processes the maxima are all-reduced (max) first, so every replica clips alike.
 `qk_clip_count` (a buffer, so it is checkpointed and resumed) counts each head's clips.
 """
@@ -42,12 +42,13 @@ def setup(model: torch.nn.Module, tau: float) -> None:
             + "; drop optim.qk_clip (optim.qk_clip=null) or pick another scale.")
     for block in model.blocks:
         attn = block.attn
-        device = attn.qkv.weight.device
+        device = attn.q_proj.weight.device
         attn.register_buffer("qk_clip_count", torch.zeros(attn.n_head, dtype=torch.long,
                                                           device=device))
         attn.max_logit = torch.full((attn.n_head,), -math.inf, device=device)
         attn.register_forward_pre_hook(remember_masks, with_kwargs=True)
-        attn.qkv.register_forward_hook(partial(track_max, attn))
+        attn.q_proj.register_forward_hook(partial(remember_q, attn))
+        attn.k_proj.register_forward_hook(partial(track_max, attn))
 
 
 def remember_masks(attn: MultiHeadAttention, args: tuple, kwargs: dict) -> None:
@@ -56,16 +57,21 @@ def remember_masks(attn: MultiHeadAttention, args: tuple, kwargs: dict) -> None:
                       kwargs.get("attn_mask"))
 
 
+def remember_q(attn: MultiHeadAttention, q_proj, inputs, q: Tensor) -> None:
+    """Hook on attn.q_proj (called before k_proj): its output q (B, T, HD), for track_max."""
+    attn.clip_q = q.detach()
+
+
 @torch.no_grad()
-def track_max(attn: MultiHeadAttention, qkv_layer, inputs, qkv: Tensor) -> None:
-    """Hook on attn.qkv: fold this forward's per-head max of s q.k (allowed entries, before
-    any soft-cap) into attn.max_logit. qkv (B, T, 3HD) is the projection's output."""
+def track_max(attn: MultiHeadAttention, k_proj, inputs, k: Tensor) -> None:
+    """Hook on attn.k_proj: fold this forward's per-head max of s q.k (allowed entries, before
+    any soft-cap) into attn.max_logit. k (B, T, HD) is W_k's output, q W_q's (remember_q)."""
     if not attn.training:
         return
     x, causal, valid_mask, attn_mask = attn.clip_call
-    B, T, _ = qkv.shape
+    B, T, _ = k.shape
     H, D = attn.n_head, attn.d_head
-    q, k = (t.float().view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=2)[:2])
+    q, k = (t.float().view(B, T, H, D).transpose(1, 2) for t in (attn.clip_q, k))
     raw = q @ k.transpose(-2, -1)  # (B, H, T, T): q.k, the scale applied to the max below
     mask = build_mask(x, causal, valid_mask, attn_mask)
     if mask is not None:
@@ -87,9 +93,8 @@ def clip(model: torch.nn.Module, tau: float) -> None:
         over = step_max > tau  # (H,)
         factor = torch.where(over, (tau / step_max).sqrt(), torch.ones_like(step_max))  # (H,)
         H, D = attn.n_head, attn.d_head
-        for p in attn.qkv.parameters():  # weight (3HD, C), bias (3HD,)
-            qk = p[:2 * H * D].view(2, H, D, -1)  # q rows, then k rows, per head
-            qk.mul_(factor.view(1, H, 1, 1).to(p.dtype))
+        for p in [*attn.q_proj.parameters(), *attn.k_proj.parameters()]:  # (HD, C), bias (HD,)
+            p.view(H, D, -1).mul_(factor.view(H, 1, 1).to(p.dtype))  # each head's rows
         attn.qk_clip_count += over.long()
         attn.max_logit = torch.full_like(step_max, -math.inf)
 

@@ -81,6 +81,12 @@ def restore(run: Run, path: Path) -> None:
                         f"{run.config.train_cfg.resume}): {err.problem} Resume from "
                         "checkpoints/last.pt of a run trained by this version of train.py, or "
                         "start a new run without trainer.resume.") from None
+    if ckpt["version"] == 1:
+        raise UserError(f"Cannot resume from {path}: it was written before W_q, W_k and W_v "
+                        "became separate matrices (checkpoint format version 1), and its "
+                        "optimizer state does not map onto them. Its weights still load for "
+                        "sampling and evaluation (scripts/sample.py); to train, start the run "
+                        "again without trainer.resume.")
     check_resumable(ckpt, run.config.resolved, run.config.model_cfg.vocab_size, path)
     compute, state = run.compute, run.state
     state.model.load_state_dict(ckpt["model"])

@@ -18,7 +18,7 @@ from omegaconf import MISSING
 
 from data.config import DataConfig
 from model.config import GPTConfig, ParamConfig, ScalingConfig
-from model.errors import check_positive_int, invalid
+from model.errors import check_positive_int, invalid, is_positive_number
 
 AUTOCAST = ("fp32", "bf16", "fp16")   # trainer/build.py maps them to autocast dtypes
 PRECISIONS = ("auto", *AUTOCAST)
@@ -41,6 +41,11 @@ class OptimConfig:
     # QK-Clip threshold tau (Kimi K2: 100): after each step, shrink W_q and W_k of any head
     # whose largest logit s q.k in the step exceeded tau (trainer/qk_clip.py); null = off
     qk_clip: Optional[float] = None
+    # W_q's and W_k's learning rate is lr x qk_lr_mult at every step, their weight decay
+    # weight_decay / qk_lr_mult (the same decay per step). Under Adam, scaling=sqrt_dk equals
+    # scaling=none with W_q, W_k at d_head^(-1/4) x the init and this at d_head^(-1/4)
+    # (docs/scaling.md, "The scale under Adam"); under param=mup it multiplies muP's own LR
+    qk_lr_mult: float = 1.0
 
     def __post_init__(self):
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -59,6 +64,10 @@ class OptimConfig:
         if self.qk_clip is not None and not (self.qk_clip > 0 and math.isfinite(self.qk_clip)):
             raise invalid("optim.qk_clip", self.qk_clip, "use null (off) or a positive logit "
                           "threshold, e.g. 100 (Kimi K2's).")
+        if not is_positive_number(self.qk_lr_mult):
+            raise invalid("optim.qk_lr_mult", self.qk_lr_mult, "use a positive finite multiplier "
+                          "of W_q's and W_k's learning rate, e.g. 1.0 (the global LR) or "
+                          "d_head**-0.25 (sqrt_dk's equivalent for scaling=none).")
 
 
 @dataclass(frozen=True)
