@@ -225,9 +225,10 @@ def test_sqrt_dk_equals_torch_multihead_attention(mode):
     B, T, C, H = 3, 6, 16, 4
     mha = make_mha("sqrt_dk", d_model=C, n_head=H, d_head=C // H)
     ref = nn.MultiheadAttention(C, H, batch_first=True)
-    with torch.no_grad():  # our fused qkv rows are [q; k; v], the same layout as in_proj
-        ref.in_proj_weight.copy_(mha.qkv.weight)
-        ref.in_proj_bias.copy_(mha.qkv.bias)
+    projs = mha.q_proj, mha.k_proj, mha.v_proj
+    with torch.no_grad():  # in_proj's rows are [W_q; W_k; W_v]
+        ref.in_proj_weight.copy_(torch.cat([p.weight for p in projs]))
+        ref.in_proj_bias.copy_(torch.cat([p.bias for p in projs]))
         ref.out_proj.weight.copy_(mha.proj.weight)
         ref.out_proj.bias.copy_(mha.proj.bias)
     x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(1))
@@ -271,9 +272,8 @@ def test_logits_are_qk_times_the_variant_factor(name):
     mha = make_mha(name, d_model=C, n_head=H, d_head=D_HEAD, seed=3)
     x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        qkv = x @ mha.qkv.weight.T + mha.qkv.bias  # (B, T, 3HD)
-        q = qkv[..., :H * D_HEAD].view(B, T, H, D_HEAD).transpose(1, 2)  # (B, H, T, D)
-        k = qkv[..., H * D_HEAD:2 * H * D_HEAD].view(B, T, H, D_HEAD).transpose(1, 2)
+        q = (x @ mha.q_proj.weight.T + mha.q_proj.bias).view(B, T, H, D_HEAD).transpose(1, 2)
+        k = (x @ mha.k_proj.weight.T + mha.k_proj.bias).view(B, T, H, D_HEAD).transpose(1, 2)
         factor = torch.full((H, 1, 1), EXPECTED_SCALE[name])
         if name == "learned":
             factor = mha.log_scale.exp().view(H, 1, 1)
@@ -287,26 +287,27 @@ def test_logits_are_qk_times_the_variant_factor(name):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_qk_norm_sdpa_equals_the_fused_product_by_hand(bias):
-    """qk_norm by the sdpa path: the output and the weight gradient equal those of the fused qkv
-    product, normed per head and given to SDPA by hand, with or without bias."""
+def test_qk_norm_sdpa_equals_the_projections_by_hand(bias):
+    """qk_norm by the sdpa path: the output and the q, k and v weight gradients equal those of
+    the three projections, normed per head and given to SDPA by hand, with or without bias."""
     B, T, C, H = 2, 7, 24, 3
     torch.manual_seed(0)
     mha = attention_layer(C, H, 8, ScalingConfig("qk_norm"), bias=bias, attn_impl="sdpa")
     x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(1))
     y = mha(x)
     y.square().sum().backward()
-    qkv = mha.qkv(x)  # (B, T, 3HD), the fused product
-    q, k, v = (t.view(B, T, H, 8) for t in qkv.split(H * 8, dim=2))
+    projs = mha.q_proj, mha.k_proj, mha.v_proj
+    q, k, v = (p(x).view(B, T, H, 8) for p in projs)  # x W_q, x W_k, x W_v: (B, T, H, D)
     q, k = mha.q_norm(q), mha.k_norm(k)
     o = nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
                                                    is_causal=True)
     ref = mha.proj(o.transpose(1, 2).reshape(B, T, H * 8))
-    grad = mha.qkv.weight.grad.clone()
+    grads = [p.weight.grad.clone() for p in projs]
     mha.zero_grad()
     ref.square().sum().backward()
     assert (y - ref).abs().max() <= ATOL
-    assert (grad - mha.qkv.weight.grad).abs().max() <= ATOL
+    for grad, p in zip(grads, projs):
+        assert (grad - p.weight.grad).abs().max() <= ATOL
 
 
 def test_qk_norm_rmsnorm_and_learned_gradients():
@@ -332,8 +333,8 @@ def qk_by_hand(mha, x):
     """q and k (B, H, T, D) from the projection weights, normalised by hand for qk_norm."""
     B, T, _ = x.shape
     H, D = mha.n_head, mha.d_head
-    qkv = x @ mha.qkv.weight.T + mha.qkv.bias  # (B, T, 3HD)
-    q, k = (qkv[..., i * H * D:(i + 1) * H * D].view(B, T, H, D).transpose(1, 2) for i in (0, 1))
+    q, k = ((x @ p.weight.T + p.bias).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+            for p in (mha.q_proj, mha.k_proj))
     if mha.scaling.name == "qk_norm":
         gains = mha.q_norm.weight, mha.k_norm.weight
         if mha.scaling.norm == "rmsnorm":  # t / sqrt(mean over D of t^2 + eps) * gain
@@ -420,7 +421,7 @@ def test_qk_norm_rmsnorm_by_hand(impl):
     _, logits = logits_by_hand(mha, x)
     allowed = torch.ones(T, T, dtype=torch.bool).tril()
     weights = logits.masked_fill(~allowed, float("-inf")).softmax(-1)  # (B, H, T, T)
-    v = (x @ mha.qkv.weight[2 * H * D:].T + mha.qkv.bias[2 * H * D:]).view(B, T, H, D)
+    v = (x @ mha.v_proj.weight.T + mha.v_proj.bias).view(B, T, H, D)
     y = (weights @ v.transpose(1, 2)).transpose(1, 2).reshape(B, T, H * D)
     y = y @ mha.proj.weight.T + mha.proj.bias
     assert (mha(x) - y).abs().max() <= 1e-10
@@ -444,10 +445,11 @@ def worked_weights(scores, name, d_head, divisor=8.0):
     """
     mha = attention_layer(2, 1, d_head, ScalingConfig(name, divisor=divisor))
     with torch.no_grad():
-        mha.qkv.weight.zero_()
-        mha.qkv.bias.zero_()
-        mha.qkv.weight[0, 0] = 1.0
-        mha.qkv.weight[d_head, 1] = 1.0
+        for p in (mha.q_proj, mha.k_proj, mha.v_proj):
+            p.weight.zero_()
+            p.bias.zero_()
+        mha.q_proj.weight[0, 0] = 1.0
+        mha.k_proj.weight[0, 1] = 1.0
     x = torch.tensor([[[1.0, s] for s in scores]], dtype=torch.float64)
     info = mha.double().explain(x, causal=False)
     return info.weights[0, 0, 0]
@@ -473,8 +475,9 @@ def test_science_example_vectors_give_scores_3_1_minus_1():
     """q = (1,1,1); k = (1,1,1), (1,0,0), (-1,0,0): identity projections, query row 0."""
     mha = attention_layer(3, 1, 3, ScalingConfig("none"))
     with torch.no_grad():
-        mha.qkv.weight.copy_(torch.eye(3).repeat(3, 1))  # q = k = v = x
-        mha.qkv.bias.zero_()
+        for p in (mha.q_proj, mha.k_proj, mha.v_proj):  # q = k = v = x
+            p.weight.copy_(torch.eye(3))
+            p.bias.zero_()
     x = torch.tensor([[[1.0, 1, 1], [1, 0, 0], [-1, 0, 0]]])
     info = mha.explain(x, causal=False)
     assert info.weights[0, 0, 0].tolist() == pytest.approx([0.86681, 0.11731, 0.01588], abs=1e-5)
@@ -579,8 +582,9 @@ def test_fp16_prescaled_q_does_not_overflow(impl):
     """q = k = 40, d = 64: q @ k^T = 102400 = inf in fp16; (q/8) @ k^T = 12800."""
     mha = attention_layer(64, 1, 64, ScalingConfig("sqrt_dk"), attn_impl=impl).half()
     with torch.no_grad():
-        mha.qkv.weight.copy_(torch.eye(64).repeat(3, 1))  # q = k = v = x
-        mha.qkv.bias.zero_()
+        for p in (mha.q_proj, mha.k_proj, mha.v_proj):  # q = k = v = x
+            p.weight.copy_(torch.eye(64))
+            p.bias.zero_()
     x = torch.full((1, 3, 64), 40.0, dtype=torch.float16)
     q = x[0]
     assert torch.isinf(q @ q.T * 0.125).all()  # the unsafe order overflows
@@ -620,8 +624,8 @@ def test_stats_on_uniform_causal_attention():
     T = 5
     mha = make_mha()
     with torch.no_grad():
-        mha.qkv.weight[:12].zero_()
-        mha.qkv.bias[:12].zero_()
+        mha.q_proj.weight.zero_()
+        mha.q_proj.bias.zero_()
     valid = torch.tensor([[True] * T, [False, False, True, True, True]])
     info = mha.explain(torch.randn(2, T, 12), valid_mask=valid)
     # real rows: batch 0 has t + 1 keys at t = 0..4, batch 1 (left-padded) 1..3 keys
@@ -662,8 +666,9 @@ def test_attention_dropout_drops_weights(impl):
     gen = torch.Generator().manual_seed(0)
     rotation = torch.linalg.qr(torch.randn(T, T, generator=gen, dtype=torch.float64))[0]
     with torch.no_grad():
-        mha.qkv.weight[2 * T:] = rotation  # v_j = rotation[:, j]: V = rotation^T
-        mha.qkv.bias.zero_()
+        mha.v_proj.weight.copy_(rotation)  # v_j = rotation[:, j]: V = rotation^T
+        for proj in (mha.q_proj, mha.k_proj, mha.v_proj):
+            proj.bias.zero_()
         mha.proj.weight.copy_(torch.eye(T))
         mha.proj.bias.zero_()
     x = torch.eye(T, dtype=torch.float64).expand(B, T, T)
@@ -760,18 +765,18 @@ def test_raw_stats_do_not_depend_on_the_scale():
 
 def test_qk_grad_norms():
     mha = make_mha()
-    assert mha.qkv.weight.grad is None and mha.qk_grad_norms() == (0.0, 0.0)
+    assert mha.q_proj.weight.grad is None and mha.qk_grad_norms() == (0.0, 0.0)
     mha(torch.randn(2, 6, 12)).square().sum().backward()
-    g_w, g_b = mha.qkv.weight.grad, mha.qkv.bias.grad
     q, k = mha.qk_grad_norms()
-    assert q == pytest.approx(torch.cat([g_w[:12].flatten(), g_b[:12]]).norm().item())
-    assert k == pytest.approx(torch.cat([g_w[12:24].flatten(), g_b[12:24]]).norm().item())
+    for norm, p in ((q, mha.q_proj), (k, mha.k_proj)):  # weight and bias together
+        grad = torch.cat([p.weight.grad.flatten(), p.bias.grad])
+        assert norm == pytest.approx(grad.norm().item())
     assert q > 0 and k > 0
     # T = 1: softmax over one key is constant, so q and k get no gradient while v does
     mha.zero_grad()
     mha(torch.randn(2, 1, 12)).square().sum().backward()
     assert mha.qk_grad_norms() == (0.0, 0.0)
-    assert mha.qkv.weight.grad[24:].abs().sum() > 0
+    assert mha.v_proj.weight.grad.abs().sum() > 0
 
 
 # ---------------------------------------------------------------- the uniform control
@@ -798,7 +803,7 @@ def test_uniform_is_the_masked_mean_of_v_and_q_k_get_no_gradient(kind, impl, dty
     if "attn_mask" in kwargs:
         allowed &= kwargs["attn_mask"]
     with torch.no_grad():
-        v = (x @ mha.qkv.weight[2 * H * D:].T + mha.qkv.bias[2 * H * D:])  # (B, T, HD)
+        v = (x @ mha.v_proj.weight.T + mha.v_proj.bias)  # (B, T, HD)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         a = allowed.to(dtype)
         mean = (a @ v) / a.sum(-1, keepdim=True).clamp(min=1)  # (B, H, T, D); 0 on empty rows
@@ -806,7 +811,7 @@ def test_uniform_is_the_masked_mean_of_v_and_q_k_get_no_gradient(kind, impl, dty
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     assert (y - expected).abs().max() <= tol
     y.square().sum().backward()
-    grad = mha.qkv.weight.grad  # rows [0, HD) q, [HD, 2HD) k, [2HD, 3HD) v
-    assert torch.count_nonzero(grad[:2 * H * D]) == 0
-    assert torch.count_nonzero(mha.qkv.bias.grad[:2 * H * D]) == 0
-    assert grad[2 * H * D:].abs().max() > 0
+    for p in (mha.q_proj, mha.k_proj):
+        assert torch.count_nonzero(p.weight.grad) == 0
+        assert torch.count_nonzero(p.bias.grad) == 0
+    assert mha.v_proj.weight.grad.abs().max() > 0

@@ -28,9 +28,9 @@ def hand_made_model(scaling="learned"):
     with torch.no_grad():
         for layer, head in ((0, 0), (1, 2)):
             attn = model.blocks[layer].attn
-            attn.qkv.weight[:H * D].normal_(0.0, 2.0)
-            attn.qkv.weight[head * D:(head + 1) * D].zero_()  # q rows of this head
-            attn.qkv.bias[head * D:(head + 1) * D].zero_()
+            attn.q_proj.weight.normal_(0.0, 2.0)
+            attn.q_proj.weight[head * D:(head + 1) * D].zero_()  # q rows of this head
+            attn.q_proj.bias[head * D:(head + 1) * D].zero_()
             if scaling == "learned":
                 attn.log_scale.copy_(torch.tensor([-1.0, 0.0, 0.5]) + layer)
     return model

@@ -52,7 +52,9 @@ def test_config_d_head_and_explicit_d_head():
     cfg = GPTConfig(vocab_size=VOCAB, d_model=130, n_head=4, d_head=32)
     assert cfg.d_head == 32
     model = GPT(cfg)
-    assert model.blocks[0].attn.qkv.weight.shape == (3 * 4 * 32, 130)
+    attn = model.blocks[0].attn
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+        assert proj.weight.shape == (4 * 32, 130)
     assert model.blocks[0].attn.proj.weight.shape == (130, 4 * 32)
 
 
@@ -63,25 +65,30 @@ def test_gpt2_initialisation_and_tied_head():
     assert model.lm_head.weight is model.wte.weight
     assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert model.wpe.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert model.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    attn = model.blocks[0].attn
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+        assert proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
     residual = 0.02 / math.sqrt(2 * 4)
     for block in model.blocks:
         assert block.attn.proj.weight.std().item() == pytest.approx(residual, rel=0.1)
         assert block.mlp.proj.weight.std().item() == pytest.approx(residual, rel=0.1)
         assert block.mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
-        assert torch.equal(block.attn.qkv.bias, torch.zeros_like(block.attn.qkv.bias))
+        for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj):
+            assert torch.equal(proj.bias, torch.zeros_like(proj.bias))
 
 
 
 def test_default_initialisation_is_unchanged():
     """model.qk_init_std=null draws exactly GPT-2's initialisation, in the same order (values
-    recorded for seed 0 from the code before the key existed): the golden curve stands."""
+    recorded for seed 0 from the code before the key existed, with one fused qkv weight whose
+    rows were q, k, v: W_q's first row is its first, W_v's last its last): the golden curve
+    stands."""
     model = tiny()
-    w = model.blocks[0].attn.qkv.weight
+    w = model.blocks[0].attn.q_proj.weight
     assert w[0, :4].tolist() == pytest.approx(
         [-0.004467173013836145, 0.016979271546006203, -0.010736591182649136,
          0.0042006163857877254], rel=1e-6)
-    assert model.blocks[1].attn.qkv.weight[-1, -2:].tolist() == pytest.approx(
+    assert model.blocks[1].attn.v_proj.weight[-1, -2:].tolist() == pytest.approx(
         [-0.0033161432947963476, -0.026499878615140915], rel=1e-6)
     assert model.blocks[1].attn.proj.weight[3, :2].tolist() == pytest.approx(
         [-0.001594538684003055, 0.002842479618266225], rel=1e-6)
@@ -95,13 +102,13 @@ def test_qk_init_std_sets_q_and_k_only():
     model = tiny(d_model=C, n_head=H, n_layer=2, qk_init_std=1 / 16)
     x = torch.randn(4096, C, generator=torch.Generator().manual_seed(0))
     for block in model.blocks:
-        w = block.attn.qkv.weight  # (3C, C): q rows [0, C), k [C, 2C), v [2C, 3C)
-        assert w[:C].std().item() == pytest.approx(1 / 16, rel=0.01)
-        assert w[C:2 * C].std().item() == pytest.approx(1 / 16, rel=0.01)
-        assert w[2 * C:].std().item() == pytest.approx(0.02, rel=0.01)
-        assert block.attn.proj.weight.std().item() == pytest.approx(0.02 / 2, rel=0.02)
+        attn = block.attn  # W_q, W_k, W_v: (C, C) each
+        assert attn.q_proj.weight.std().item() == pytest.approx(1 / 16, rel=0.01)
+        assert attn.k_proj.weight.std().item() == pytest.approx(1 / 16, rel=0.01)
+        assert attn.v_proj.weight.std().item() == pytest.approx(0.02, rel=0.01)
+        assert attn.proj.weight.std().item() == pytest.approx(0.02 / 2, rel=0.02)
         with torch.no_grad():
-            q, k = (x @ w[i * C:(i + 1) * C].T for i in (0, 1))  # (N, C)
+            q, k = (x @ p.weight.T for p in (attn.q_proj, attn.k_proj))  # (N, C)
         assert q.var().item() == pytest.approx(1.0, rel=0.05)
         assert k.var().item() == pytest.approx(1.0, rel=0.05)
 
@@ -122,7 +129,7 @@ def test_num_params():
     V, T, L, C = VOCAB, 12, 2, 16
     model = tiny()
     per_layer = (2 * 2 * C  # two LayerNorms
-                 + 3 * C * C + 3 * C + C * C + C  # qkv and output projection
+                 + 3 * (C * C + C) + C * C + C  # q, k, v and output projections
                  + 4 * C * C + 4 * C + 4 * C * C + C)  # MLP
     total = V * C + T * C + L * per_layer + 2 * C  # tied head counted once; final LayerNorm
     assert model.num_params() == total

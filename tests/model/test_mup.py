@@ -74,13 +74,11 @@ def test_mup_divides_hidden_init_by_sqrt_m_zeroes_q_and_leaves_embeddings_and_ve
     sp, mup = model("sp", 4 * BASE), model("mup", 4 * BASE)
     hidden = {name for name, p in mup.named_parameters()
               if any(p is w for w in mup_rules.hidden_matrices(mup))}
-    assert len(hidden) == 4 * 2   # q, k, v (fused), attn out, MLP in and out, per layer
-    HD = 4 * BASE
+    assert len(hidden) == 6 * 2   # W_q, W_k, W_v, attn out, MLP in and out, per layer
     for (name, p_sp), (_, p_mup) in zip(sp.named_parameters(), mup.named_parameters()):
-        if name.endswith("attn.qkv.weight"):
-            assert torch.all(p_mup[:HD] == 0)   # the query projection
-            assert torch.equal(p_mup[HD:], p_sp[HD:] * 0.5)   # k and v
-        elif name in hidden:
+        if name.endswith("attn.q_proj.weight"):
+            assert name in hidden and torch.all(p_mup == 0)   # the query projection
+        elif name in hidden:   # W_k and W_v among them
             assert torch.equal(p_mup, p_sp * 0.5), name
         else:
             assert torch.equal(p_mup, p_sp), name

@@ -52,7 +52,8 @@ def test_mup_at_the_base_width_without_zero_query_is_sp_exactly():
     assert len(make_optimizer(mup, OPTIM, pick_device("cpu")).param_groups) == 3
 
 
-HIDDEN = ("attn.qkv.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
+HIDDEN = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.proj.weight",
+          "mlp.fc.weight", "mlp.proj.weight")
 
 
 @pytest.mark.parametrize("scaling", ["qk_norm", "learned"])

@@ -38,8 +38,8 @@ def hot_model(scaling: str = "sqrt_dk") -> GPT:
     model = GPT(GPTConfig(vocab_size=VOCAB, block_size=T, n_layer=1, n_head=H, d_model=16,
                           d_head=D, scaling=ScalingConfig(scaling)))
     with torch.no_grad():
-        model.blocks[0].attn.qkv.weight[:D].mul_(50.0)  # head 0's q rows
-        model.blocks[0].attn.qkv.weight[H * D:H * D + D].mul_(50.0)  # head 0's k rows
+        model.blocks[0].attn.q_proj.weight[:D].mul_(50.0)  # head 0's q rows
+        model.blocks[0].attn.k_proj.weight[:D].mul_(50.0)  # head 0's k rows
     return model
 
 
@@ -78,19 +78,22 @@ def test_a_clipped_head_ends_at_tau_and_the_others_are_untouched():
     model = hot_model()
     qk_clip.setup(model, TAU)
     attn = model.blocks[0].attn
-    before = attn.qkv.weight.detach().clone()
-    bias = attn.qkv.bias.detach().clone()
+    projs = attn.q_proj, attn.k_proj, attn.v_proj
+    before = [p.weight.detach().clone() for p in projs]  # W_q, W_k, W_v: (HD, C) each
+    bias = [p.bias.detach().clone() for p in projs]
     expected = max_logits_by_hand(model, batch().idx)
     assert expected[0] > 4 * TAU and expected[1] < TAU   # one head over, one under
     step(model)
     factor = math.sqrt(TAU / expected[0].item())
-    w = attn.qkv.weight.detach()
-    assert torch.allclose(w[:D], before[:D] * factor, rtol=1e-5)            # head 0's q rows
-    assert torch.allclose(w[H * D:H * D + D], before[H * D:H * D + D] * factor, rtol=1e-5)
-    assert torch.equal(w[D:H * D], before[D:H * D])                          # head 1's q rows
-    assert torch.equal(w[H * D + D:2 * H * D], before[H * D + D:2 * H * D])  # head 1's k rows
-    assert torch.equal(w[2 * H * D:], before[2 * H * D:])                    # v untouched
-    assert torch.allclose(attn.qkv.bias.detach()[:D], bias[:D] * factor, rtol=1e-5)
+    (w_q, w_k, w_v), (b_q, b_k, _) = ([getattr(p, n).detach() for p in projs]
+                                      for n in ("weight", "bias"))
+    assert torch.allclose(w_q[:D], before[0][:D] * factor, rtol=1e-5)    # head 0's q rows
+    assert torch.allclose(w_k[:D], before[1][:D] * factor, rtol=1e-5)    # head 0's k rows
+    assert torch.equal(w_q[D:], before[0][D:])                            # head 1's q rows
+    assert torch.equal(w_k[D:], before[1][D:])                            # head 1's k rows
+    assert torch.equal(w_v, before[2])                                    # v untouched
+    assert torch.allclose(b_q[:D], bias[0][:D] * factor, rtol=1e-5)
+    assert torch.allclose(b_k[:D], bias[1][:D] * factor, rtol=1e-5)
     assert torch.isinf(attn.max_logit).all()   # reset for the next step
     after = max_logits_by_hand(model, batch().idx)
     assert after[0].item() == pytest.approx(TAU, rel=1e-4)
@@ -113,7 +116,8 @@ def test_the_max_is_the_step_forwards_own_and_evaluation_does_not_touch_it():
 
 def test_a_step_without_the_option_leaves_the_weights_to_adamw():
     model = hot_model()
-    before = model.blocks[0].attn.qkv.weight.detach().clone()
+    attn = model.blocks[0].attn
+    before = [p.weight.detach().clone() for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
     optim = OptimConfig(lr=1e-3, warmup_steps=0)
     optimizer = make_optimizer(model, optim, torch.device("cpu"))
     state = TrainState(model, model, optimizer,
@@ -121,8 +125,9 @@ def test_a_step_without_the_option_leaves_the_weights_to_adamw():
                        torch.amp.GradScaler("cpu", enabled=False), OneBatch(batch()))
     train_step(state, Compute(0, 1, torch.device("cpu"), "fp32", nullcontext()), optim,
                TrainerConfig())
-    assert torch.equal(model.blocks[0].attn.qkv.weight.detach(), before)
-    assert not hasattr(model.blocks[0].attn, "max_logit")
+    for p, w in zip((attn.q_proj, attn.k_proj, attn.v_proj), before):
+        assert torch.equal(p.weight.detach(), w)
+    assert not hasattr(attn, "max_logit")
 
 
 @pytest.mark.parametrize("scaling, why", [("qk_norm", "normalises q and k"),

@@ -12,7 +12,9 @@ import torch
 from conftest import ROOT, copy_run, derive
 
 import train
+from model.config import GPTConfig
 from model.errors import UserError
+from model.gpt import GPT
 from trainer import checkpoint
 from trainer.resume import set_rng_state
 
@@ -119,6 +121,66 @@ def test_sample_script_speaks_of_sampling(tiny_run, tmp_path, capsys, kind):
     err = capsys.readouterr().err
     assert "Cannot sample from" in err and str(run_dir / "checkpoints" / "best.pt") in err
     assert "trainer.resume" not in err and "Traceback" not in err
+
+
+def fused_qkv(weights: dict) -> dict:
+    """A model state dict as version 1 held it: each layer's W_q, W_k, W_v (weights, biases)
+    stacked, in that order, into one `attn.qkv` entry."""
+    out = {}
+    for name, tensor in weights.items():
+        prefix, dot, kind = name.rpartition(".q_proj.")
+        if dot:
+            out[f"{prefix}.qkv.{kind}"] = torch.cat(
+                [weights[f"{prefix}.{proj}.{kind}"] for proj in ("q_proj", "k_proj", "v_proj")])
+        elif ".k_proj." not in name and ".v_proj." not in name:
+            out[name] = tensor
+    return out
+
+
+def test_a_version_1_checkpoint_is_read_split_and_refused_for_resuming(tiny_cfg, tiny_run,
+                                                                       tmp_path):
+    """Version 1 (one fused qkv weight a layer, q rows, then k, then v): `read` splits it
+    back into W_q, W_k, W_v bit for bit, weights and biases; sample.py loads it; resuming from
+    it is refused, naming version 1, with the run folder untouched."""
+    torch.manual_seed(0)
+    biased = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=3, n_head=2, d_model=8))
+    with torch.no_grad():
+        for p in biased.parameters():   # GPT-2's biases are zero: make every row tell
+            p.uniform_(-1.0, 1.0)
+    originals = {"biased": biased.state_dict()}
+    fused = fused_qkv(originals["biased"])
+    assert sorted(n for n in fused if ".qkv." in n) == [
+        f"blocks.{i}.attn.qkv.{kind}" for i in (0, 1, 2) for kind in ("bias", "weight")]
+    assert fused["blocks.2.attn.qkv.weight"].shape == (3 * 8, 8)
+    torch.save({"format": checkpoint.FORMAT, "version": 1, "model": fused}, tmp_path / "v1.pt")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sample
+    run_dir = copy_run(tiny_run[0], tmp_path / "run")
+    for name in ("last", "best"):   # tiny: 2 layers without biases
+        path = run_dir / "checkpoints" / f"{name}.pt"
+        ckpt = torch.load(path, weights_only=True)
+        originals[name] = ckpt["model"]
+        fused = fused_qkv(ckpt["model"])
+        assert sorted(n for n in fused if ".qkv." in n) == [
+            "blocks.0.attn.qkv.weight", "blocks.1.attn.qkv.weight"]
+        torch.save({**ckpt, "version": 1, "model": fused}, path)
+    for name, path in (("biased", tmp_path / "v1.pt"),
+                       ("last", run_dir / "checkpoints" / "last.pt"),
+                       ("best", run_dir / "checkpoints" / "best.pt")):
+        read = checkpoint.read(path)
+        assert read["version"] == 1 and set(read["model"]) == set(originals[name]), name
+        for key, tensor in originals[name].items():
+            assert torch.equal(read["model"][key], tensor), (name, key)
+    model, _ = sample.load_model(run_dir, "best", torch.device("cpu"))
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(tensor, originals["best"][key]), key
+    before = snapshot(run_dir)
+    with pytest.raises(UserError) as err:
+        train.train(derive(tiny_cfg, ["trainer.max_steps=12", "trainer.resume=auto"]), run_dir)
+    message = str(err.value)
+    assert str(run_dir / "checkpoints" / "last.pt") in message
+    assert "version 1" in message and "trainer.resume" in message
+    assert snapshot(run_dir) == before
 
 
 @pytest.mark.parametrize("change, key", [
