@@ -101,3 +101,31 @@ def test_multiplier_one_keeps_the_two_groups():
 def test_a_bad_multiplier_is_refused_naming_the_key(bad):
     with pytest.raises(ConfigError, match=r"optim\.qk_lr_mult=.* is not valid: use a positive"):
         OptimConfig(qk_lr_mult=bad)
+
+
+@pytest.mark.parametrize("name,d_head,init", [("reparam", 32, 0.02), ("reparam_recall", 256, 0.125)])
+def test_reparam_presets_sweep_sqrt_dks_exact_equivalent(name, d_head, init):
+    """experiment=reparam's none arms: W_q, W_k's init and LR each at sqrt_dk's equivalent
+    (x d_head^(-1/4)) or not; every swept value builds a valid config; the header's commands
+    for the other arms name the same numbers."""
+    from conftest import ROOT, register_schema
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
+        cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+    params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
+    c = d_head ** -0.25
+    assert params["scaling"] == ["none"] and params["trainer.seed"] == list("12345")
+    assert [float(v) for v in params["optim.qk_lr_mult"]] == [1.0, pytest.approx(c, rel=1e-15)]
+    inits = [init if v == "null" else float(v) for v in params["model.qk_init_std"]]
+    assert inits == [init, pytest.approx(init * c, rel=1e-15)]
+    assert cfg.model.get("d_head") in (None, d_head) and cfg.trainer.precision == "fp32"
+    for mult in params["optim.qk_lr_mult"]:
+        OptimConfig(**{**cfg.optim, "qk_lr_mult": float(mult)})
+    text = (ROOT / "configs" / "experiment" / f"{name}.yaml").read_text()
+    assert f"scaling=sqrt_dk model.qk_init_std={'null' if init == 0.02 else init}" in text
+    if name == "reparam":   # the clip pair at d_head 32; stage 2: one head of width 128
+        assert f"model.qk_init_std={0.02 * c!r} optim.qk_lr_mult={c!r}" in text
+        assert f"{0.02 * 128 ** -0.25!r}" in text and f"{128 ** -0.25!r}" in text
