@@ -17,6 +17,9 @@ tests hold the two equal. The scales (ScalingConfig.name; docs/scaling.md explai
     uniform   s = 0: every allowed key gets the same weight whatever q and k are; the
               control that says what attention's selectivity buys
 Optional soft-cap (Gemma 2, Gemma Team 2024): logits <- c * tanh(logits / c), after the scale.
+Options that load only when named: model.pos=rope turns q and k by their positions
+(model/rope.py); scaling.length multiplies row i's q by g(n_i), n_i its allowed keys
+(model/length.py). model.pos=learned and nope add nothing here.
 s multiplies q before the product: in float16 (q @ k^T) * s overflows 65504 where (q * s) @ k^T
 does not (q = k = 40, d_head = 64: inf versus 12800).
 
@@ -123,6 +126,13 @@ class MultiHeadAttention(nn.Module):
         if scaling.name == "qk_norm":  # each head's q and k over D, with a learnable gain
             norm = partial(nn.LayerNorm, bias=False) if scaling.norm == "layernorm" else nn.RMSNorm
             self.q_norm, self.k_norm = norm(d_head, eps=1e-5), norm(d_head, eps=1e-5)
+        self.rope = self.length = None  # the options below, each loaded when a config names it
+        if config.pos == "rope":
+            from model.rope import Rotary
+            self.rope = Rotary(d_head, config.rope_base)
+        if scaling.length != "fixed":
+            from model.length import LengthFactor
+            self.length = LengthFactor(scaling.length, scaling.length_base, n_head)
 
     def scale(self) -> float | Tensor:
         """The score scale s: a float, or for `learned` a (H, 1, 1) tensor (one per head)."""
@@ -145,6 +155,7 @@ class MultiHeadAttention(nn.Module):
         # 2. M; SDPA needs no tensor for a plain causal mask (its is_causal)
         plain_causal = fused and causal and valid_mask is None and attn_mask is None
         mask = None if plain_causal else build_mask(x, causal, valid_mask, attn_mask)
+        q = self.length_factor(q, mask, causal)  # q * g(n) per row (scaling.length)
         if fused:
             y = self.sdpa(q, k, v, causal, mask)  # 3. by one fused kernel
         else:
@@ -156,7 +167,7 @@ class MultiHeadAttention(nn.Module):
         """forward by the explicit path, with the weights and statistics (model/diagnostics.py)."""
         q, k, v = self.split_heads(x)  # (B, H, T, D) each
         mask = build_mask(x, causal, valid_mask, attn_mask)
-        y, weights, logits = self.explicit(q, k, v, mask)
+        y, weights, logits = self.explicit(self.length_factor(q, mask, causal), k, v, mask)
         stats = diagnostics.attention_stats(q, k, logits, weights,
                                             None if mask is None else (mask.allowed, mask.row_ok),
                                             valid_mask)
@@ -164,14 +175,21 @@ class MultiHeadAttention(nn.Module):
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) -> q, k, v, each (B, H, T, D): Q = x W_q, K = x W_k, V = x W_v, split
-        into heads, then (qk_norm) the norms."""
+        into heads, then (qk_norm) the norms, then (model.pos=rope) q and k turned."""
         B, T, _ = x.shape
         H, D = self.n_head, self.d_head
         q, k, v = (proj(x).view(B, T, H, D)  # (B, T, C) @ (C, HD) -> (B, T, H, D)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         if self.scaling.name == "qk_norm":
             q, k = self.q_norm(q), self.k_norm(k)  # normalised over D
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        return (q, k, v) if self.rope is None else (*self.rope(q, k), v)  # RoPE turns q and k
+
+    def length_factor(self, q: Tensor, mask: Optional[Mask], causal: bool) -> Tensor:
+        """q * g(n) for scaling.length (model/length.py), q itself for `fixed`."""
+        if self.length is None:
+            return q
+        return self.length(q, None if mask is None else mask.allowed, causal)
 
     def merge_heads(self, y: Tensor) -> Tensor:
         """y (B, H, T, D) -> (B, T, C): the mirror of split_heads, then the output projection."""

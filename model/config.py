@@ -14,6 +14,8 @@ IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_en
 SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest weight exceeds this
 
 SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm", "uniform")
+LENGTHS = ("fixed", "log_n", "log_n_eval", "ssmax")   # scaling.length: model/length.py
+POSITIONS = ("learned", "rope", "nope")   # model.pos: an embedding table, model/rope.py, none
 QK_NORMS = ("layernorm", "rmsnorm")
 PARAMS = ("sp", "mup")
 ATTN_IMPLS = ("auto", "explicit", "sdpa")
@@ -31,8 +33,15 @@ class ScalingConfig:
     # under param=mup sqrt(d_head at param.base_width), so that s = 1/sqrt(d_head) there, as
     # mup's 8/d_head is at d_head 64 (GPTConfig fills it in; docs/scaling.md, section 9)
     attn_mult: Optional[float] = None
+    length: str = "fixed"  # the factor g(n) of the logits of a row that may attend n keys
+    length_base: Optional[int] = None  # T0 of log_n, log_n_eval, ssmax; null: model.block_size
 
     def __post_init__(self):
+        if self.length not in LENGTHS or self.length_base is not None and not (
+                type(self.length_base) is int and self.length_base >= 2):
+            raise ConfigError(f"scaling.length={self.length!r}, scaling.length_base="
+                              f"{self.length_base!r}: choose the length from {', '.join(LENGTHS)}"
+                              " and the base T0 as null (model.block_size) or an integer >= 2.")
         if self.name not in SCALINGS:
             raise ConfigError(f"scaling.name={self.name!r} is not a known score scale; choose "
                               f"one of {', '.join(SCALINGS)} (e.g. scaling=sqrt_dk on the "
@@ -109,6 +118,8 @@ class GPTConfig:
     # has variance d_model * std^2 at step 0, so 1/sqrt(d_model) gives the unit-variance q and k
     # that s = 1/sqrt(d_head) assumes (docs/scaling.md); 0.02 gives d_model * 0.0004.
     qk_init_std: Optional[float] = None
+    pos: str = "learned"  # learned: an embedding table; rope: rotated q, k (model/rope.py); nope
+    rope_base: float = 10000.0  # RoPE's theta: pair i turns by position * rope_base^(-2i/d_head)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     param: ParamConfig = field(default_factory=ParamConfig)
 
@@ -124,6 +135,11 @@ class GPTConfig:
         else:   # frozen: the one place the default width is filled in
             object.__setattr__(self, "d_head", self.d_model // self.n_head)
         check_dropout("model.dropout", self.dropout)
+        if self.pos not in POSITIONS or not is_positive_number(self.rope_base) or (
+                self.pos == "rope" and self.d_head % 2):
+            raise ConfigError(f"model.pos={self.pos!r} (model.rope_base={self.rope_base!r}, "
+                              f"d_head {self.d_head}): choose one of {', '.join(POSITIONS)}; "
+                              "rope needs a positive rope_base and an even d_head.")
         if not isinstance(self.scaling, ScalingConfig):
             raise ConfigError(f"model.scaling must be a ScalingConfig, got "
                               f"{type(self.scaling).__name__}; build it with "
@@ -136,6 +152,8 @@ class GPTConfig:
         if self.scaling.name == "dk" and self.scaling.attn_mult is None:   # filled in once
             object.__setattr__(self, "scaling",
                                replace(self.scaling, attn_mult=self.base_attn_mult()))
+        if self.scaling.length != "fixed" and self.scaling.length_base is None:   # filled in once
+            object.__setattr__(self, "scaling", replace(self.scaling, length_base=self.block_size))
         if self.qk_init_std is not None and not is_positive_number(self.qk_init_std):
             raise ConfigError(f"model.qk_init_std={self.qk_init_std!r} must be null (GPT-2's "
                               "0.02, the default) or a positive finite number, e.g. "

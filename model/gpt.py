@@ -1,5 +1,6 @@
 """A decoder-only transformer (GPT-2 shape) built on model.attention.MultiHeadAttention: token
-and learned position embeddings, pre-LayerNorm blocks (attention, a 4x GELU MLP), a final
+and learned position embeddings (model.pos=learned; rope turns q and k in the attention, nope
+has no position input), pre-LayerNorm blocks (attention, a 4x GELU MLP), a final
 LayerNorm and an LM head tied to the token embeddings; GPT-2 initialisation (Radford et al.
 2019, as in nanoGPT), which param=mup rescales with the width (model/mup.py, readout_mult).
 Dimension letters: B batch, T time, C model width (d_model), V vocabulary.
@@ -70,7 +71,7 @@ class GPT(nn.Module):
         self.config = config
         C = config.d_model
         self.wte = nn.Embedding(config.vocab_size, C)  # token embeddings
-        self.wpe = nn.Embedding(config.block_size, C)  # learned absolute positions
+        self.wpe = nn.Embedding(config.block_size, C) if config.pos == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, attention) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(C, bias=config.bias)
@@ -107,14 +108,14 @@ class GPT(nn.Module):
         """Embeddings and blocks: idx (B, T) -> x (B, T, C), before the final LayerNorm. With a
         list `stats`, appends each layer's attention statistics (an extra explicit pass)."""
         T = idx.size(1)
-        if T > self.config.block_size:
+        if T > self.config.block_size and self.wpe is not None:   # rope and nope have no table
             raise ValueError(f"sequence length {T} exceeds model.block_size="
                              f"{self.config.block_size}; crop the input or raise block_size.")
         # positions from the mask: a left-padded row gets the positions it would have unpadded,
         # so batched greedy generation equals unbatched generation token for token
         pos = (torch.arange(T, device=idx.device) if valid_mask is None  # (T,)
                else (valid_mask.long().cumsum(dim=1) - 1).clamp(min=0))  # (B, T)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.drop(self.wte(idx) if self.wpe is None else self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             if stats is not None:
                 stats.append(block.attn.explain(block.ln_1(x), valid_mask=valid_mask).stats)

@@ -24,6 +24,8 @@ SEAMS = {
     ("trainer.build", "attention_class", "model.cpu_autocast"),
     ("trainer.build", "make_optimizer", "model.mup"),
     ("model.gpt", "__init__", "model.mup"),
+    ("model.attention", "__init__", "model.rope"),
+    ("model.attention", "__init__", "model.length"),
     ("data.prepare", "open_source", "data.hub"),
     ("data.prepare", "open_source", "data.text"),
     ("data.build_cache", "build_tokenizer", "data.bpe"),
