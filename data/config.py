@@ -56,13 +56,14 @@ class DataConfig:
     verify: bool = False               # re-read the corpus and compare it with the cache
     # source=recall only (data/recall.py: generated sequences, docs/data.md "Recall task"),
     # checked there when the task is built
-    task: str = "copy"                 # copy (induction copy) | mqar (associative recall)
+    task: str = "copy"                 # copy (induction copy) | mqar (associative recall) | kv
     seq_len: int = 96                  # tokens per sequence; model.block_size must equal it
     copy_len: int = 32                 # copy: symbols repeated after the separator
     num_values: int = 128              # copy: symbols; mqar: value ids
     num_keys: int = 32                 # mqar: key ids
     num_kv_pairs: int = 8              # mqar: key-value pairs per sequence
     power_a: float = 0.01              # mqar: query positions p(g) ~ (g+1)^(power_a-1)
+    min_pairs: int = 8                 # kv: fewest pairs in a training row (most: seq_len - 1)
     seed: int = 0                      # the training stream and the validation set
     val_sequences: int = 2000          # the fixed validation set
 

@@ -1,6 +1,6 @@
 """Synthetic recall tasks (`data=recall`): sequences a model can only answer by attending.
 
-Two generators, chosen by `data.task`; both give (inputs, targets) of shape (n, data.seq_len)
+Three generators, chosen by `data.task`; each gives (inputs, targets) of shape (n, data.seq_len)
 with targets IGNORE_INDEX everywhere except where the answer is determined by an earlier token,
 so the loss and the accuracy count only those answers (docs/data.md, "Recall task").
 
@@ -12,6 +12,14 @@ so the loss and the accuracy count only those answers (docs/data.md, "Recall tas
   multiquery_ar): P = num_kv_pairs pairs k_1 v_1 ... k_P v_P, then each key queried once at a
   power-law distributed even slot of the rest; the target at a query key's position is its
   value. Ids: 0 filler, keys 1..K, values K+1..K+V; other positions are random tokens.
+- kv (lookup by content, at any number of keys): n pair tokens, each carrying a (key, value),
+  then a query token carrying a key; the target at the query is the value of the one pair with
+  that key. The right pair sits at a uniform random place and the n - 1 others carry any other
+  key (repeats allowed), so no position tells the answer and one attention layer can solve it
+  at any n. n is uniform in [min_pairs, seq_len - 1] per training row (rows padded on the
+  right, after the query, where no target is) and set per evaluation (lookup_set). Ids, K =
+  num_keys, V = num_values: pair (k, v) k*V + v, query k K*V + k, value v K*V + K + v (the
+  targets only), pad K*V + K + V.
 
 Batches are pure functions of (data.seed, split, step), so training is exact on resume and
 nothing is stored: the training stream draws from np.random.default_rng([seed, 0, step]), the
@@ -28,16 +36,17 @@ from data.config import DataConfig, bad
 from model.config import IGNORE_INDEX
 from model.errors import DataError
 
-TRAIN_STREAM, VAL_STREAM, EVAL_TRAIN_STREAM = 0, 1, 2
+TRAIN_STREAM, VAL_STREAM, EVAL_TRAIN_STREAM, LOOKUP_STREAM = 0, 1, 2, 3
+TASKS = ("copy", "mqar", "kv")
 
 
 def check(cfg: DataConfig) -> None:
     """DataError naming the setting unless cfg describes a task that can be generated."""
-    if cfg.task not in ("copy", "mqar"):
-        raise bad("task", cfg.task, "choose one of copy, mqar (copy: induction copy, the "
-                  "default; mqar: associative recall).")
+    if cfg.task not in TASKS:
+        raise bad("task", cfg.task, "choose one of copy, mqar, kv (copy: induction copy, the "
+                  "default; mqar: associative recall; kv: lookup by content).")
     for key in ("num_values", "num_keys", "num_kv_pairs", "seq_len", "copy_len",
-                "val_sequences"):
+                "val_sequences", "min_pairs"):
         if not isinstance(getattr(cfg, key), int) or getattr(cfg, key) < 1:
             raise bad(key, getattr(cfg, key), "use a positive integer.")
     seg_len = cfg.seq_len - cfg.copy_len
@@ -53,6 +62,10 @@ def check(cfg: DataConfig) -> None:
                   "an even seq_len with 4 * num_kv_pairs <= seq_len (pairs, then query "
                   "slots with filler between) and num_kv_pairs <= num_keys and <= "
                   "num_values (distinct keys and values).")
+    if cfg.task == "kv" and not (cfg.num_keys >= 2 and cfg.min_pairs <= cfg.seq_len - 1):
+        raise bad("num_keys/min_pairs/seq_len", (cfg.num_keys, cfg.min_pairs, cfg.seq_len),
+                  "kv needs num_keys >= 2 (the other pairs carry another key) and min_pairs "
+                  "<= seq_len - 1 (a row is up to seq_len - 1 pairs and the query).")
     if cfg.task == "mqar" and not 0 < cfg.power_a <= 1:
         raise bad("power_a", cfg.power_a, "use a number in (0, 1] (Zoology's 0.01 puts "
                   "most queries early; 1 spreads them evenly).")
@@ -97,7 +110,34 @@ def mqar(rng: np.random.Generator, n: int, cfg: DataConfig) -> tuple[np.ndarray,
     return inputs, targets
 
 
+def kv_lookup(rng: np.random.Generator, n: int, cfg: DataConfig,
+              pairs: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lookup rows (the module docstring): (inputs, targets) (n, T) int64 and the place of the
+    right pair (n,). Each row has P pairs, P uniform in [min_pairs, seq_len - 1] with T =
+    seq_len, or P = `pairs` for every row with T = pairs + 1."""
+    K, V = cfg.num_keys, cfg.num_values
+    T = cfg.seq_len if pairs is None else pairs + 1
+    P = (rng.integers(cfg.min_pairs, T, size=n) if pairs is None
+         else np.full(n, pairs))                                       # (n,) pairs per row
+    query = rng.integers(0, K, size=n)                                 # (n,) the key asked for
+    keys = rng.integers(0, K - 1, size=(n, T - 1))                     # (n, T-1) other keys
+    keys += keys >= query[:, None]                                     # ... never the query's
+    values = rng.integers(0, V, size=(n, T - 1))                       # (n, T-1)
+    right = (rng.random(n) * P).astype(np.int64)                       # (n,) in [0, P)
+    rows = np.arange(n)
+    keys[rows, right] = query
+    inputs = np.full((n, T), K * V + K + V, dtype=np.int64)            # pad everywhere first
+    slots = np.arange(T - 1)[None, :] < P[:, None]                     # (n, T-1) real pairs
+    inputs[:, :T - 1] = np.where(slots, keys * V + values, inputs[:, :T - 1])
+    inputs[rows, P] = K * V + query
+    targets = np.full((n, T), IGNORE_INDEX, dtype=np.int64)
+    targets[rows, P] = K * V + K + values[rows, right]
+    return inputs, targets, right
+
+
 def vocab_size_of(num_keys: int, num_values: int, task: str) -> int:
+    if task == "kv":   # pairs, queries, values, pad
+        return num_keys * num_values + num_keys + num_values + 1
     return num_values + 1 if task == "copy" else 1 + num_keys + num_values
 
 
@@ -105,7 +145,16 @@ def generate(cfg: DataConfig, rng: np.random.Generator, n: int):
     """n sequences of cfg.task: (inputs, targets), each (n, cfg.seq_len)."""
     if cfg.task == "copy":
         return copy_task(rng, n, cfg.seq_len, cfg.copy_len, cfg.num_values)
+    if cfg.task == "kv":
+        return kv_lookup(rng, n, cfg)[:2]
     return mqar(rng, n, cfg)
+
+
+def lookup_set(cfg: DataConfig, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lookup evaluation at `pairs` keys: val_sequences rows of exactly that many pairs from
+    rng([seed, 3, pairs]), the same for every run: inputs, targets (n, pairs + 1), right (n,)."""
+    rng = np.random.default_rng([cfg.seed, LOOKUP_STREAM, pairs])
+    return kv_lookup(rng, cfg.val_sequences, cfg, pairs)
 
 
 @dataclass
@@ -124,7 +173,9 @@ class RecallData:
         return vocab_size_of(self.cfg.num_keys, self.cfg.num_values, self.cfg.task)
 
     @property
-    def pad_id(self) -> int:   # nothing is padded; generation needs an id for short prompts
+    def pad_id(self) -> int:   # kv pads after the query; generation needs an id for prompts
+        if self.cfg.task == "kv":
+            return self.vocab_size - 1
         return self.cfg.num_values if self.cfg.task == "copy" else 0
 
     eot_id = pad_id
@@ -138,7 +189,7 @@ class RecallData:
     @property
     def meta(self) -> dict:
         """run.json's `data`: the task and its sizes (no bytes: bits per byte is undefined)."""
-        answers = self.cfg.copy_len if self.cfg.task == "copy" else self.cfg.num_kv_pairs
+        answers = {"copy": self.cfg.copy_len, "mqar": self.cfg.num_kv_pairs, "kv": 1}[self.cfg.task]
         return {"task": self.cfg.task, "seq_len": self.cfg.seq_len,
                 "vocab_size": self.vocab_size, "answers_per_sequence": answers,
                 "val_sequences": self.cfg.val_sequences, "chance_accuracy": self.chance}
@@ -152,7 +203,9 @@ class RecallData:
 
     def describe(self) -> str:
         """The start line's data part: what is generated, and the chance accuracy."""
-        return (f"{self.cfg.task} sequences of {self.cfg.seq_len} tokens generated from "
+        pairs = (f" ({self.cfg.min_pairs} to {self.cfg.seq_len - 1} pairs)"
+                 if self.cfg.task == "kv" else "")
+        return (f"{self.cfg.task}{pairs} sequences of {self.cfg.seq_len} tokens generated from "
                 f"data.seed={self.cfg.seed}, {self.cfg.val_sequences:,} val sequences, vocab "
                 f"{self.vocab_size}; chance accuracy 1/{self.cfg.num_values} = {self.chance:.4f}")
 

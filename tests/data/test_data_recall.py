@@ -18,6 +18,8 @@ from data.recall import (
     RecallData,
     check,
     copy_task,
+    kv_lookup,
+    lookup_set,
     mqar,
     validation_batches,
     validation_set,
@@ -65,7 +67,37 @@ def test_mqar_layout():
             assert x[row, p] in pair and y[row, p] == pair[x[row, p]]
 
 
-@pytest.mark.parametrize("task", ["copy", "mqar"])
+def test_kv_layout_one_pair_carries_the_query_key():
+    """Ids (K = 5 keys, V = 3 values): pair (k, v) = 3k + v, query k = 15 + k, value v = 20 + v,
+    pad 23; each row has P pairs, then the query, then pads; only the query has a target."""
+    cfg = recall_cfg(task="kv", num_keys=5, num_values=3, seq_len=12, min_pairs=4)
+    x, y, right = kv_lookup(np.random.default_rng(0), 400, cfg)
+    assert x.shape == y.shape == (400, 12) and RecallData(cfg).vocab_size == 24
+    seen = set()
+    for row in range(400):
+        P = int(np.nonzero(x[row] >= 15)[0][0])   # the first non-pair token is the query
+        seen.add(P)
+        assert x[row, P] < 20 and (x[row, P + 1:] == 23).all() and (x[row, :P] < 15).all()
+        key = x[row, P] - 15
+        keys, values = x[row, :P] // 3, x[row, :P] % 3
+        assert list(np.nonzero(keys == key)[0]) == [right[row]]   # one pair has the key
+        assert np.nonzero(y[row] != IGNORE_INDEX)[0].tolist() == [P]
+        assert y[row, P] == 20 + values[right[row]]
+    assert seen == set(range(4, 12))   # P uniform in [min_pairs, seq_len - 1]
+
+
+def test_kv_right_pair_is_anywhere_and_lookup_sets_have_n_pairs():
+    cfg = recall_cfg(task="kv", num_keys=8, num_values=4, val_sequences=3000)
+    x, y, right = lookup_set(cfg, 50)
+    assert x.shape == (3000, 51) and (y[:, :-1] == IGNORE_INDEX).all()
+    counts = np.bincount(right, minlength=50)
+    assert counts.min() > 25 and counts.max() < 100   # about 60 per place: no favoured place
+    again = lookup_set(cfg, 50)
+    assert all(np.array_equal(a, b) for a, b in zip((x, y, right), again))   # fixed set
+    assert not np.array_equal(lookup_set(cfg, 49)[0][:, :49], x[:, :49])   # its own stream
+
+
+@pytest.mark.parametrize("task", ["copy", "mqar", "kv"])
 def test_batches_are_a_function_of_seed_and_step(task):
     cfg = recall_cfg(task=task)
     a, b = RecallBatcher(cfg, shape(8)), RecallBatcher(cfg, shape(8))
@@ -82,7 +114,7 @@ def test_batches_are_a_function_of_seed_and_step(task):
     assert np.array_equal(x1, x2)
 
 
-@pytest.mark.parametrize("task", ["copy", "mqar"])
+@pytest.mark.parametrize("task", ["copy", "mqar", "kv"])
 def test_validation_sequences_never_appear_in_training(task):
     cfg = recall_cfg(task=task, val_sequences=500)
     val = {row.tobytes() for row in validation_set(cfg)[0]}
@@ -119,6 +151,9 @@ def test_accuracy_counts_a_hand_made_example():
     ({"task": "mqar", "seq_len": 30}, "data.num_kv_pairs/seq_len"),   # 4 * 8 > 30
     ({"task": "mqar", "num_keys": 4}, "data.num_kv_pairs/seq_len"),
     ({"task": "mqar", "power_a": 0.0}, "data.power_a"),
+    ({"task": "kv", "num_keys": 1}, "data.num_keys/min_pairs/seq_len"),
+    ({"task": "kv", "min_pairs": 96}, "data.num_keys/min_pairs/seq_len"),
+    ({"task": "kv", "min_pairs": 0}, "data.min_pairs"),
 ])
 def test_bad_recall_config_names_the_key(kw, key):
     """The recall checks live in data/recall.py: a DataConfig holds the values, building the
