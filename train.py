@@ -53,6 +53,9 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
     run = build(cfg, job.jobs_at_once())
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)
+    if train_cfg.eval_lengths:   # evaluation past block_size, an option: refused before training
+        from trainer.long_eval import check_lengths
+        check_lengths(run.config.model_cfg, run.config.data_cfg, train_cfg.eval_lengths)
     resumed_from = None
     if train_cfg.resume is not None:   # the resume rules load only when trainer.resume is set
         from trainer import resume
@@ -101,7 +104,11 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
                 out.end_segment(step, "interrupted")
                 raise Interrupted(stop.signum or signal.SIGTERM, step, out.last)
             clock.restart()
-    return finish(run, out, step, diverged, clock)
+        lengths = {}
+        if train_cfg.eval_lengths and not diverged:   # past block_size: trainer/long_eval.py
+            from trainer.long_eval import report_lengths
+            lengths = report_lengths(run, out, step)   # a record and a line per length
+    return finish(run, out, step, diverged, clock, lengths)
 
 
 def is_check_step(step: int, train_cfg: TrainerConfig) -> bool:
@@ -131,16 +138,19 @@ def evaluate_and_log(run: Run, out: RunDir, step: int, lr: float,
         checkpoint.save(run, out.best, full=False)
 
 
-def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock") -> dict:
+def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock",
+           lengths: dict) -> dict:
     """After the loop: the final weights on the whole validation split, samples from the best
-    weights, summary.json, the end of this segment in run.json."""
+    weights, summary.json (with `lengths`, the evaluation past block_size), the end of this
+    segment in run.json."""
     full = {} if diverged else evaluate_full(run)
     if full:
         out.say(describe(full))
     if run.compute.rank == 0 and not diverged and run.config.train_cfg.sample_prompts:
         write_samples(run, out.path, out.best)
     run.state.progress.wall_s = clock.wall_s()
-    summary = summarize(run, step, clock.tokens_per_sec(), diverged=diverged, full=full)
+    summary = {**summarize(run, step, clock.tokens_per_sec(), diverged=diverged, full=full),
+               **lengths}
     out.write_summary(summary)
     out.end_segment(step, "diverged" if diverged else "finished")
     if diverged and run.config.train_cfg.on_nan == "raise":

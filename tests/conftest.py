@@ -47,7 +47,8 @@ def single_thread():
 # infrastructure of sweeps (README, "Reading the code").
 OPTIONS = {"model.cpu_autocast", "data.text", "data.hub", "data.bpe",
            "data.padded", "data.recall", "trainer.loggers", "trainer.resume",
-           "trainer.overrides", "trainer.qk_clip", "model.mup", "model.rope", "model.length"}
+           "trainer.overrides", "trainer.qk_clip", "model.mup", "model.rope", "model.length",
+           "trainer.long_eval"}
 INFRASTRUCTURE = {"trainer.launch"}
 
 

@@ -36,6 +36,7 @@ SEAMS = {
     ("train", "train", "trainer.resume"),
     ("train", "hydra_main", "trainer.loggers"),
     ("train", "main", "trainer.overrides"),
+    ("train", "train", "trainer.long_eval"),
 }
 ENTRY_SEAMS = {("train", "hydra_main", "trainer.launch")}   # the infrastructure, for sweep jobs
 

@@ -98,6 +98,9 @@ class TrainerConfig:
     # The end-of-run score of the whole validation split (summary.json's *_full fields) covers
     # at most this many targets, an even fixed subset (null: every split whole).
     full_eval_tokens: Optional[int] = 4_000_000
+    # After training, the loss with windows of each length, by position, beside the sliding
+    # window of block_size (trainer/long_eval.py; pairs for data.task=kv); [] = none
+    eval_lengths: list[int] = field(default_factory=list)
     # z-loss coefficient (PaLM, Wortsman et al. 2023: 1e-4): adds z_loss * mean (log Z)^2 of the
     # output softmax to the training loss (trainer/step.py); 0 = off
     z_loss: float = 0.0
