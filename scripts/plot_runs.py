@@ -78,6 +78,7 @@ from typing import Optional
 import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.errors import UserError  # noqa: E402
@@ -85,6 +86,7 @@ from scripts.report import ngram  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
 from scripts.report.curves import CURVES_FILE, write_curves  # noqa: E402
 from scripts.report.figures import (  # noqa: E402
+    Frame,
     plot_accuracy,
     plot_diagnostics,
     plot_heads,
@@ -92,7 +94,7 @@ from scripts.report.figures import (  # noqa: E402
     plot_qk_grads,
     plot_vs_baseline,
 )
-from scripts.report.lr_figure import plot_lr  # noqa: E402
+from scripts.report.lr_figure import plot_lr, plot_stability  # noqa: E402
 from scripts.report.runs import (  # noqa: E402
     LR_KEY,
     canonical,
@@ -104,7 +106,7 @@ from scripts.report.runs import (  # noqa: E402
     varying_keys,
 )
 from scripts.report.runs_csv import has_curves, read_runs_csv, write_runs_csv  # noqa: E402
-from scripts.report.stability_figure import plot_stability  # noqa: E402
+from scripts.report.style import Arms  # noqa: E402
 from scripts.report.tables import Reading, appendix, markdown_report  # noqa: E402
 from scripts.report.width import WIDTH_KEY  # noqa: E402
 from scripts.report.width_figure import plot_width  # noqa: E402
@@ -190,32 +192,82 @@ def read_runs(args) -> tuple[list, list, str, Optional[dict], str]:
     return runs, skipped, " ".join(read), levels or None, ""
 
 
-def draw_heads(run_dir: Path, out: Path) -> str:
-    """DIR/heads_<run folder>.png for --heads RUN_DIR, and a note on what was drawn."""
-    run, why = load_run(run_dir)
-    if run is None:
-        return f"--heads {run_dir}: not drawn ({why})"
-    return draw_run_heads(run, out)
+def parse_against(items: list[str], runs: list) -> tuple[list[tuple], str]:
+    """--against KEY=VALUE,KEY=VALUE,... items as reference settings ((key, canonical value),
+    ...), or why one is unusable: every KEY must be a key of the runs, every VALUE one that a
+    run has (null: the default)."""
+    found = []
+    for item in items:
+        setting = []
+        for part in item.split(","):
+            key, sep, value = part.partition("=")
+            have = {r.variant if key == "scaling" else r.setting(key) for r in runs}
+            if not sep or canonical(value) not in have:
+                choices = ", ".join("null" if v is None else v
+                                    for v in sorted(have, key=value_order))
+                return [], f"--against {item!r}: {key} takes the values {choices} in these runs."
+            setting.append((key, canonical(value)))
+        found.append(tuple(setting))
+    return found, ""
 
 
-def draw_run_heads(run, out: Path) -> str:
-    """DIR/heads_<run folder>.png of a run, and a note on what was drawn."""
-    name = "heads_" + re.sub(r"[^A-Za-z0-9._=-]+", "_", run.path.resolve().name) + ".png"
-    if not plot_heads(run, out / name):
-        return f"--heads {run.path}: not drawn (its eval records have no attn_heads)"
-    return f"per-head attention statistics of {run.path}: {name}"
+def pick_runs(item: str, runs: list) -> tuple[list, str]:
+    """--heads: the run folder named, or every run whose settings are KEY=VALUE,...
+    (`trainer.seed=2`, `scaling=none,optim.lr=7.5e-4,trainer.seed=1`)."""
+    if Path(item).is_dir():
+        run, why = load_run(Path(item))
+        return ([run], "") if run is not None else ([], f"--heads {item}: not drawn ({why})")
+    wanted = [part.partition("=") for part in item.split(",")]
+    if not all(sep for _, sep, _ in wanted):
+        return [], f"--heads {item}: give a run folder or KEY=VALUE,... of one run"
+    chosen = [r for r in runs if all((r.seed if k == "trainer.seed" else r.setting(k))
+                                     == canonical(v) for k, _, v in wanted)]
+    return chosen, "" if chosen else f"--heads {item}: no run has these settings"
 
 
-def heads_of_seed(seed: str, curves: dict, out: Path) -> list[str]:
-    """--heads-seed: draw_heads for the run of `seed` in every group of the curves (each
-    variant and setting, at its chosen LR in an LR sweep), and the notes on what was drawn."""
-    seed = canonical(seed)
-    notes = []
-    for key, runs in curves.items():
-        run = next((r for r in runs if r.seed == seed), None)
-        notes.append(draw_run_heads(run, out) if run is not None else
-                     f"--heads-seed {seed}: {label(key)} has no run of that seed")
-    return notes
+def run_name(run, arms: Arms, groups: dict) -> str:
+    """A run as a figure names it: its arm, LR, other settings and seed."""
+    key = next(k for k, g in groups.items() if run in g)
+    parts = [arms.name(key), *(f"lr {run.lr:g}" for _ in [0] if math.isfinite(run.lr)),
+             label(arms.setting(key), short=True), f"seed {run.seed}"]
+    return ", ".join(p for p in parts if p)
+
+
+def file_name(run) -> str:
+    return "heads_" + re.sub(r"[^A-Za-z0-9._=-]+", "_", run.path.resolve().name) + ".png"
+
+
+def draw_heads(args, runs: list, curves: dict, arms: Arms, out: Path) -> tuple[list, list]:
+    """The per-head figures of --heads and --heads-seed (the run of that seed in every group
+    the curves draw): (a note on each, the files)."""
+    groups = group_runs(runs, drop=(LR_KEY,))
+    chosen, notes, files = [], [], []
+    for item in args.heads:
+        found, why = pick_runs(str(item), runs)
+        chosen += found
+        notes += [why] if why else []
+    for key, group in curves.items() if args.heads_seed is not None else ():
+        found = [r for r in group if r.seed == canonical(args.heads_seed)]
+        chosen += found
+        notes += [] if found else [f"--heads-seed {args.heads_seed}: {label(key)} has no run"
+                                   " of that seed"]
+    for run in {id(r): r for r in chosen}.values():
+        name = run_name(run, arms, groups) if run in runs else run.path.name
+        if save(plot_heads(run, name), out / file_name(run)):
+            notes.append(f"per-head attention statistics of {run.path}: {file_name(run)}")
+            files.append(file_name(run))
+        else:
+            notes.append(f"--heads {run.path}: not drawn (its eval records have no attn_heads)")
+    return notes, files
+
+
+def save(fig, path: Path) -> bool:
+    """Writes a figure (None: nothing drawn); whether it wrote one."""
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def main(argv=None, levels: Optional[dict] = None) -> int:
@@ -237,6 +289,10 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
     parser.add_argument("--pair", action="append", default=[], metavar="KEY=VALUE",
                         help="also pair every group with the same setting at KEY=VALUE, e.g."
                         " model.qk_init_std=null (repeatable)")
+    parser.add_argument("--against", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="also pair every group with the reference group of this whole"
+                        " setting at the same other keys, e.g. scaling=sqrt_dk,"
+                        "model.qk_init_std=null (repeatable; one Holm family each)")
     parser.add_argument("--one-control", action="store_true",
                         help="the baseline scale and every --pair value are one control: each"
                         " group that differs from it in one of these keys is paired with it,"
@@ -247,9 +303,10 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
                         help="LR sweep: report the loss at the chosen LR on these seeds only")
     parser.add_argument("--select-from", type=Path, metavar="RUNS_CSV",
                         help="choose each scale's LR on the runs of an earlier stage's runs.csv")
-    parser.add_argument("--heads", action="append", default=[], type=Path, metavar="RUN_DIR",
+    parser.add_argument("--heads", action="append", default=[], metavar="RUN",
                         help="also draw DIR/heads_<run>.png, the per-head attention statistics"
-                        " of this run folder (repeatable)")
+                        " of a run: its folder, or KEY=VALUE,... of its settings, e.g."
+                        " scaling=none,optim.lr=7.5e-4,trainer.seed=1 (repeatable)")
     parser.add_argument("--heads-seed", metavar="SEED",
                         help="also draw the per-head statistics of the run of this seed in"
                         " every group (one run per cell; in an LR sweep, at the chosen LR)")
@@ -263,86 +320,97 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
 
 def report(args, levels: Optional[dict]) -> int:
     runs, skipped, read, csv_levels, bad = read_runs(args)
+    if not bad and not runs:
+        bad = (f"no run with eval records found in {', '.join(map(str, args.sweeps + args.from_csv))};"
+               " point it at a sweep's folder of jobs.")
+    groups = group_runs(runs) if runs else {}
+    pairs, bad = (parse_pairs(args.pair, groups) if not bad else ([], bad))
+    against, bad = (parse_against(args.against, runs) if not bad else ([], bad))
+    select_runs = read_runs_csv(args.select_from)[0] if args.select_from and not bad else None
+    lr_swept = bool(runs) and (LR_KEY in varying_keys(runs) or select_runs is not None)
+    lr_runs = [r for r in runs if math.isfinite(r.lr)] if lr_swept else []
+    plan, bad = make_plan(args, lr_runs, select_runs) if not bad else (st.Plan(), bad)
     if bad:
         print(f"plot_runs: {bad}", file=sys.stderr)
         return 2
     levels = levels if levels is not None else csv_levels
-    if not runs:
-        print("plot_runs: no run with eval records found in "
-              f"{', '.join(map(str, args.sweeps + args.from_csv))}; point it at a sweep's"
-              " folder of jobs.", file=sys.stderr)
-        return 2
-    groups = group_runs(runs)
-    pairs, bad = parse_pairs(args.pair, groups)
-    if bad:
-        print(f"plot_runs: --pair {bad}", file=sys.stderr)
-        return 2
-    select_runs = read_runs_csv(args.select_from)[0] if args.select_from else None
-    lr_swept = LR_KEY in varying_keys(runs) or select_runs is not None
-    lr_runs = [r for r in runs if math.isfinite(r.lr)] if lr_swept else []
-    plan, bad = make_plan(args, lr_runs, select_runs)
-    if bad:
-        print(f"plot_runs: {bad}", file=sys.stderr)
-        return 2
     notes = []
-    curves, note, held = groups, "", {}
-    if lr_runs:
-        held = st.held_out(lr_runs, args.loss, plan)
-        curves = {key: h["runs"] for key, h in held.items() if h["runs"]}
-        note = ", each scale at its chosen LR, held-out seeds"
-        if not curves and any(h["best"] for h in held.values()):
-            # one seed: nothing is held out, so this sweep can only choose (a selection stage)
-            by_key = group_runs(lr_runs, drop=(LR_KEY,))
-            curves = {key: [r for r in by_key[key] if r.lr == h["best"]["lr"]]
-                      for key, h in held.items() if h["best"]}
-            note = ", each scale at its best LR on these seeds (chosen on them: not held out)"
-            notes.append("no seed is held out (leave one seed out needs two seeds): the curves "
-                         "show each variant at the LR these runs choose, a selection stage's "
-                         "view; read a held-out loss from a later stage (--select-from)")
-        elif not curves:
-            notes.append(f"no chosen LR (no run has {st.LOSSES[args.loss][0]}): curves not drawn")
     if levels is None and args.sweeps:   # a runs.csv's levels, else those of the folders read
         levels, why = ngram.levels_of_runs([r.path for r in runs])
-        if why:
-            notes.append(why)
-    elif levels is None and runs and all(r.recall for r in runs):   # a recall runs.csv alone
+        notes += [why] if why else []
+    elif levels is None and all(r.recall for r in runs):   # a recall runs.csv alone
         notes.append(ngram.NO_LEVELS_RECALL)
     args.out.mkdir(parents=True, exist_ok=True)
-    records = all(map(has_curves, runs))
-    if not records:
+    reading = Reading(args.loss, args.baseline, tuple(pairs), levels, plan, args.one_control,
+                      tuple(against))
+    more, figures = draw_figures(args, runs, lr_runs, reading)
+    write_report(args, runs, (groups, lr_runs, reading), (read, skipped, notes + more, figures))
+    return 0
+
+
+def chosen_curves(lr_runs: list, reading) -> tuple[dict, str, list[str]]:
+    """The runs the step curves draw in an LR sweep, what the titles say of them, and notes.
+    Where the LR is chosen on these runs (leave one seed out, or one seed), each arm at its best
+    LR over every seed: the LR results.md names, on the seeds that chose it. Where it is chosen
+    on other seeds (a split, or an earlier stage), the runs read on the held-out seeds."""
+    held = st.held_out(lr_runs, reading.which, reading.plan)
+    if not reading.plan.leave_one_out:
+        curves = {key: h["runs"] for key, h in held.items() if h["runs"]}
+        return curves, "; each arm at the LR chosen on other seeds, these seeds held out", []
+    by_key = group_runs(lr_runs, drop=(LR_KEY,))
+    curves = {key: [r for r in by_key[key] if r.lr == h["best"]["lr"]]
+              for key, h in held.items() if h["best"]}
+    seeds = sorted({r.seed for r in lr_runs}, key=lambda s: (len(str(s)), str(s)))
+    why = [] if curves else [f"no best LR (no run has {st.LOSSES[reading.which][0]}): curves"
+                             " not drawn"]
+    return curves, (f"; each arm at its best LR on seeds {', '.join(map(str, seeds))}, the"
+                    " seeds that chose it (not held out)"), why
+
+
+def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], list[str]]:
+    """Draws the figures of the runs into args.out: (notes on what was not drawn, the files)."""
+    curves, seeds, notes = (chosen_curves(lr_runs, reading) if lr_runs
+                            else (group_runs(runs), "", []))
+    keys = group_runs(runs, drop=(LR_KEY,))
+    frame = Frame(Arms.of(keys), Arms.of(keys).looks(keys), seeds, reading.levels,
+                  args.baseline)
+    if not all(map(has_curves, runs)):
         notes.append(f"step-curve figures need every run's records (its folder, or the"
                      f" {CURVES_FILE} beside its runs.csv): not drawn")
-    elif curves:
-        plot_losses(curves, args.out / "loss_curves.png", note, levels)
-        plot_accuracy(curves, args.out / "accuracy_curves.png", note)
-        plot_vs_baseline(curves, args.baseline, args.out / "loss_vs_baseline.png", note)
-        plot_diagnostics(curves, args.out / "diagnostics.png", note)
-        plot_qk_grads(curves, args.out / "qk_grad_norms.png", note)
+    figures = [("loss_curves.png", plot_losses), ("accuracy_curves.png", plot_accuracy),
+               ("loss_vs_baseline.png", plot_vs_baseline), ("diagnostics.png", plot_diagnostics),
+               ("qk_grad_norms.png", plot_qk_grads)] if curves and all(map(has_curves, runs)) \
+        else []
+    drawn = [name for name, plot in figures if save(plot(frame, curves), args.out / name)]
     if lr_runs:
-        plot_lr(lr_runs, args.loss, args.out / "lr_transfer.png", held, levels)
-        if records and select_runs is None:   # a stage that reads its LRs elsewhere has no grid
-            plot_stability(lr_runs, args.loss, args.out / "lr_stability.png", levels)
-        if WIDTH_KEY in varying_keys(lr_runs):
-            plot_width(lr_runs, args.loss, args.out / "width_transfer.png")
-    for run_dir in args.heads:
-        notes.append(draw_heads(run_dir, args.out))
-    if args.heads_seed is not None:
-        notes += (heads_of_seed(args.heads_seed, curves, args.out) if records else
-                  ["--heads-seed needs every run's records: not drawn"])
-    reading = Reading(args.loss, args.baseline, pairs, levels, plan, args.one_control)
+        drawn += ["lr_transfer.png"] * save(plot_lr(frame, lr_runs, reading.which),
+                                            args.out / "lr_transfer.png")
+    if lr_runs and reading.plan.select_runs is None and all(map(has_curves, runs)):
+        drawn += ["lr_stability.png"] * save(plot_stability(frame, lr_runs, reading.which),
+                                             args.out / "lr_stability.png")
+    if lr_runs and WIDTH_KEY in varying_keys(lr_runs):
+        drawn += ["width_transfer.png"] * save(plot_width(lr_runs, reading.which),
+                                               args.out / "width_transfer.png")
+    heads, files = draw_heads(args, runs, curves, frame.arms, args.out) \
+        if all(map(has_curves, runs)) else ([], [])
+    return notes + heads, drawn + files
+
+
+def write_report(args, runs: list, analysed: tuple, inputs: tuple) -> None:
+    """results.md (also printed), and runs.csv and curves.jsonl where sweep folders were read."""
+    (groups, lr_runs, reading), (read, skipped, notes, figures) = analysed, inputs
     text = (markdown_report(read, runs, groups, lr_runs, reading)
-            + appendix(runs, reading, skipped, notes))
-    if levels:
-        text = ngram.above_every_table(text, ngram.levels_line(levels))
+            + appendix(runs, reading, skipped, notes, figures))
+    if reading.levels:
+        text = ngram.above_every_table(text, ngram.levels_line(reading.levels))
     if args.sweeps:   # a runs.csv read alone is not written again
-        write_runs_csv(runs, args.out / "runs.csv", args.loss, levels)
-        if records:
+        write_runs_csv(runs, args.out / "runs.csv", args.loss, reading.levels)
+        if all(map(has_curves, runs)):
             write_curves(runs, args.out / CURVES_FILE)
         else:   # one that no longer matches runs.csv
             (args.out / CURVES_FILE).unlink(missing_ok=True)
     (args.out / "results.md").write_text(text)
     print(text)
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,231 +1,152 @@
-"""The learning-rate figure of an LR sweep (lr_transfer): loss against LR at each setting,
-and across settings each scale's best LR, its loss at the chosen LR on held-out seeds
-(stats.held_out) and its LR sensitivity. Points of different scales at one x are offset
-sideways (dodge), which the title says; a summary panel with nothing to show (the LR
-sensitivity when every group ran one LR: 0 by construction) is turned off, which the title
-also says."""
+"""The learning-rate figures of an LR sweep. lr_transfer.png: each arm's clipped final loss
+against LR, a panel per setting, the points at the LRs run (drawn when some arm ran more than
+one LR). lr_stability.png: per arm, the largest attention logit and the normalised entropy of
+the most one-hot head against step, at the highest LR the arm survives and the first at which
+one of its runs failed (for an arm where none failed, at its best LR and the grid's top), one
+run per line: how Wortsman et al. 2023 read attention-logit growth.
+"""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Optional
 
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
-from model.config import SCALINGS
 from scripts.report import stats as st
-from scripts.report.figures import (
-    blank,
-    has_data,
-    legend,
-    reference_lines,
-    share_y,
-    style,
-    suptitle,
-)
-from scripts.report.runs import LR_KEY, group_runs, label, setting_of, setting_order, variant_rank
+from scripts.report import style
+from scripts.report.figures import Frame, panel_grid, panel_title
+from scripts.report.runs import LR_KEY, RunRecord, group_runs
 
 
-def setting_axis(settings: list[tuple]):
-    """x positions and tick labels of settings: the value itself (log scale) when there is a
-    single numeric key such as model.d_head, else 0, 1, 2, ..."""
-    try:
-        if all(len(s) == 1 for s in settings):
-            return [float(s[0][1]) for s in settings], settings[0][0][0], True
-    except (TypeError, ValueError):
-        pass
-    return list(range(len(settings))), "setting", False
-
-
-def plot_lr(lr_runs, which: str, path: Path, held: dict, levels=None) -> None:
-    """Top: loss vs LR, one panel per setting. Bottom: best LR, loss at the chosen LR on the
-    held-out seeds (held: stats.held_out of these runs) and LR sensitivity against the
-    setting (the head width in lr_transfer). `levels`: the n-gram reference levels drawn on the
-    loss panels, if any."""
-    variants = group_runs(lr_runs, drop=(LR_KEY,))
-    tables = {k: st.lr_table(g, which) for k, g in variants.items()}
-    settings = sorted({setting_of(k) for k in variants}, key=setting_order)
-    scales = [k[0][1] for k in variants]
-    # the bottom row needs seeds held out from the LR choice: none in a one-seed sweep
-    summary = any(held[k]["best"] is not None and held[k]["loss"] for k in tables)
-    cols = max(len(settings), 3) if summary else len(settings)
-    fig, axes = plt.subplots(2 if summary else 1, cols, figsize=(
-        max(3.6 * cols, 6.0), 6.6 if summary else 3.8), squeeze=False, layout="constrained")
-    for j, setting in enumerate(settings):
-        ax = axes[0][j]
-        for key, table in tables.items():
-            if setting_of(key) == setting:
-                lr_curve(ax, key[0][1], table, variants[key], scales)
-        ax.set(xscale="log", xlabel="learning rate")
-        lr_ticks(ax, sorted({lr for key, table in tables.items() if setting_of(key) == setting
-                             for lr in table}))
-        ax.set_title(label(setting, "all runs", short=True), fontsize=9)
-        ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)",
-                          fontsize=9)
-    share_y(axes[0][:len(settings)])
-    for ax in axes[0][len(settings):]:
-        ax.axis("off")
-    notes = []
-    if summary:
-        notes = summary_panels(axes[1], tables, settings, held)
-        for ax in axes[1][3:]:
-            ax.axis("off")
-    for ax in axes.flat:   # a panel without a point to show is turned off
-        if ax.axison and not has_data(ax):
-            blank(ax, f"{ax.get_title()}:\nno finite point")
-    for ax in [*axes[0][:len(settings)], *(axes[1][1:2] if summary else ())] if levels else ():
-        if ax.axison:
-            reference_lines(ax, levels)
-    legend(fig, axes)
-    ns = sorted({len(s) for t in tables.values() for s in t.values()})
-    one_seed = "" if summary else ("; one seed per LR: best LR, held-out loss and LR "
-                                   "sensitivity need seeds held out from the choice")
-    suptitle(fig, "Learning rate x setting: points = mean of n="
-             f"{ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds, bars = 95% t"
-             " interval, cut at 0 and at the loss at init (x: a seed diverged); points offset"
-             f" sideways per scale for legibility{one_seed}"
-             + "".join(f"\n{note}" for note in notes))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def lr_ticks(ax, lrs: list[float]) -> None:
-    """The LRs tried as the x ticks of a loss-vs-LR panel, written out ("0.004"), without the
-    log axis's minor labels, which overprint one another on a grid narrower than a decade;
-    upright where more than five would crowd."""
+def lr_ticks(ax, lrs: list[float], most: int = 8) -> None:
+    """The LRs tried as the x ticks, written out and upright (every k-th where more than
+    `most` would crowd)."""
+    ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], fontsize=8, rotation=90 if len(lrs) > 5 else 0)
+    every = math.ceil(len(lrs) / most)
+    ax.set_xticks(lrs, [f"{lr:g}" if i % every == 0 else "" for i, lr in enumerate(lrs)],
+                  fontsize=8, rotation=90)
 
 
-def dodge(variant: str, scales=()) -> float:
-    """A small factor on a log x-axis per scale, so equal points and their bars stay apart;
-    centred on the scales drawn (`scales`; every known scale if none given), so that their
-    points straddle the x they stand for."""
-    ranks = sorted({variant_rank(v) for v in scales}) or list(range(len(SCALINGS)))
-    rank = variant_rank(variant)
-    return 1.07 ** ((ranks.index(rank) if rank in ranks else rank) - (len(ranks) - 1) / 2)
-
-
-def nonnegative_bars(ivs, cap: Optional[float] = None) -> list[list[float]]:
-    """errorbar's yerr for 95% intervals of a quantity that cannot be negative (a loss, an LR
-    sensitivity): the lower bar stops at 0, where a t interval of two seeds can run below it;
-    `cap`: the most the quantity can be (a loss clipped at the loss at init), where the upper
-    bar stops."""
-    return [[min(iv.half or 0.0, iv.mean) for iv in ivs],
-            [min(iv.half or 0.0, math.inf if cap is None else max(cap - iv.mean, 0.0))
-             for iv in ivs]]
-
-
-def init_cap(runs) -> Optional[float]:
+def init_cap(runs) -> float:
     """The highest loss at init of the runs: a clipped loss is never above it."""
-    inits = [r.loss_at_init for r in runs if r.loss_at_init is not None]
-    return max(inits) if inits else None
+    return max((r.loss_at_init for r in runs if r.loss_at_init is not None), default=math.inf)
 
 
-def lr_curve(ax, variant: str, table: dict, runs, scales=()) -> None:
+def lr_curve(ax, frame: Frame, key: tuple, runs: list, reading: tuple) -> list[int]:
+    """One arm's mean clipped loss against LR with its 95% bars (n >= 3); a cross where a run
+    failed. reading: (which loss, levels). Returns the n of each point."""
+    which, levels = reading
+    table = st.lr_table(runs, which)
     lrs = [lr for lr in table if st.mean_interval(list(table[lr].values()))]
     ivs = [st.mean_interval(list(table[lr].values())) for lr in lrs]
-    s = style(variant)
-    xs = [lr * dodge(variant, scales) for lr in lrs]
-    ax.errorbar(xs, [iv.mean for iv in ivs], yerr=nonnegative_bars(ivs, init_cap(runs)),
-                label=variant, capsize=2, **{k: v for k, v in s.items() if k != "markevery"})
-    div = [i for i, lr in enumerate(lrs) if any(r.diverged for r in runs if r.lr == lr)]
-    ax.plot([xs[i] for i in div], [ivs[i].mean for i in div], "x", ms=9, color=s["color"])
+    look = frame.looks[frame.arms.name(key)]
+    ax.errorbar(lrs, [iv.mean for iv in ivs], yerr=style.bars(ivs, (0.0, init_cap(runs))),
+                label=frame.arms.name(key), capsize=2, **style.line_style(look))
+    bad = [i for i, lr in enumerate(lrs)
+           if any(st.failure(r, which, levels) is not None for r in runs if r.lr == lr)]
+    ax.plot([lrs[i] for i in bad], [ivs[i].mean for i in bad], "x", ms=9, color=look[0])
+    return [iv.n for iv in ivs]
 
 
-def mixes_lrs(held_key: dict) -> bool:
-    """Whether the held-out loss of a group averages seeds read at different LRs (leave one
-    seed out: each seed at the LR best on the others, which the others may not agree on)."""
-    return len({held_key["chosen"][seed] for seed in held_key["loss"]}) > 1
-
-
-def summary_panels(axes, tables: dict, settings: list[tuple], held: dict) -> list[str]:
-    """The bottom row: best LR, held-out loss and LR sensitivity per setting. A held-out loss
-    whose seeds were read at different LRs is drawn hollow and said so. Returns the notes for
-    the figure's title (what was not drawn, and why)."""
-    xs, xlabel, numeric = setting_axis(settings)
-    scales = [k[0][1] for k in tables]
-    one_lr = all(len(table) <= 1 for table in tables.values())   # sensitivity 0 by construction
-    mixed = False
-    for key, table in tables.items():
-        x = xs[settings.index(setting_of(key))] * (dodge(key[0][1], scales) if numeric else 1.0)
-        best = held[key]["best"]
-        loss = st.mean_interval(list(held[key]["loss"].values()))
-        if best is None or loss is None:
-            continue
-        s = style(key[0][1])
-        span = [best["lr"], *best["tied"]]  # the LRs not resolved from the best
-        axes[0].errorbar([x], [best["lr"]], yerr=[[best["lr"] - min(span)],
-                         [max(span) - best["lr"]]], capsize=3, color=s["color"],
-                         marker=s["marker"])
-        hollow = mixes_lrs(held[key])
-        mixed |= hollow
-        bars = nonnegative_bars([loss], init_cap(held[key]["runs"]))
-        axes[1].errorbar([x], [loss.mean], yerr=bars, capsize=3, color=s["color"],
-                         marker=s["marker"], mfc="none" if hollow else None)
-        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
-        if sens is not None:   # None for a group of one LR (stats.sensitivity_by_seed)
-            axes[2].errorbar([x], [sens.mean], yerr=nonnegative_bars([sens]), capsize=3,
-                             color=s["color"], marker=s["marker"])
-    join_points(axes, tables, settings, xs, numeric, held)
-    titles = ("best LR (bar: LRs not resolved from it)",
-              "loss at each scale's chosen LR,\nseeds that did not choose it"
-              + ("\n(hollow: seeds read at different LRs)" if mixed else ""),
-              "LR sensitivity (Wortsman et al. 2023)")
-    ylabels = ("best LR", "held-out loss (nats)", "LR sensitivity (nats)")
-    for ax, title, ylabel in zip(axes, titles, ylabels):
-        ax.set(title=title, xlabel=xlabel)
-        ax.set_ylabel(ylabel, fontsize=9)
+def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
+    """lr_transfer.png; None where every arm ran one LR (no curve to read)."""
+    arms = group_runs(lr_runs, drop=(LR_KEY,))
+    if all(len({r.lr for r in g}) < 2 for g in arms.values()):
+        return None
+    fig, axes, settings = panel_grid(frame, arms, height=3.2)
+    ns = []
+    for i, setting in enumerate(settings):
+        ax = axes.flat[i]
+        for key, runs in arms.items():
+            if frame.arms.setting(key) == setting:
+                ns += lr_curve(ax, frame, key, runs, (which, frame.levels))
+        style.reference_lines(ax, frame.levels or {})
+        lr_ticks(ax, sorted({r.lr for k, g in arms.items() if frame.arms.setting(k) == setting
+                             for r in g}))
+        ax.set(title=panel_title(setting), xlabel="learning rate",
+               ylabel=f"{st.loss_name(which, lr_runs)}\n(clipped at the loss at init)")
         ax.title.set_fontsize(9)
+        ax.yaxis.label.set_fontsize(9)
         ax.grid(alpha=0.3, which="both")
-        setting_ticks(ax, xs, settings, numeric)
-    axes[0].set_yscale("log")
-    if one_lr:
-        axes[2].clear()
-        axes[2].axis("off")
-        return ["LR sensitivity not drawn: one LR per group (0 by construction)"]
-    ones = [k[0][1] for k, table in tables.items() if len(table) <= 1]
-    return [f"LR sensitivity not drawn for {', '.join(dict.fromkeys(ones))}: one LR each (0 by"
-            " construction)"] if ones else []
+    return style.finish(fig, "Final loss against learning rate, every seed of the sweep (the"
+                        f" seeds that choose each LR); {style.seeds_text(ns, 'point')}, bars cut"
+                        " at 0 and the loss at init; x: a run failed")
 
 
-def setting_ticks(ax, xs: list, settings: list[tuple], numeric: bool) -> None:
-    """The settings as x ticks: the values on a log-2 axis (no minor labels between them), or
-    each setting's values one above the other with the keys in the axis label, so that the
-    labels of many settings stay short; turned upright when they would still crowd."""
-    if numeric:
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize=9)
-        return
-    texts = ["\n".join("default" if v is None else str(v) for _, v in s) or "all runs"
-             for s in settings]
-    keys = [k.rsplit(".", 1)[-1] for k, _ in settings[0]]
-    ax.set_xlabel(", ".join(keys) or "setting")
-    widest = max(len(line) for text in texts for line in text.split("\n"))
-    crowded = len(settings) * widest > 42   # about what a panel's width holds at 8 points
-    ax.set_xticks(xs, texts, fontsize=8, rotation=90 if crowded else 0)
+def seed_order(run: RunRecord):
+    return (len(str(run.seed)), str(run.seed))
 
 
-def join_points(axes, tables, settings, xs, numeric: bool, held: dict) -> None:
-    """Lines through each scale's points across settings, so a trend reads at a glance."""
-    by_variant: dict[str, list] = {}
-    for key, table in tables.items():
-        best = held[key]["best"]
-        loss = st.mean_interval(list(held[key]["loss"].values()))
-        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
-        if best is not None and loss is not None:
-            x = xs[settings.index(setting_of(key))] * (
-                dodge(key[0][1], [k[0][1] for k in tables]) if numeric else 1.0)
-            by_variant.setdefault(key[0][1], []).append(
-                (x, best["lr"], loss.mean, sens.mean if sens else math.nan))
-    for variant, points in by_variant.items():
-        points.sort()
-        s = style(variant)
-        for ax, col in zip(axes, (1, 2, 3)):
-            if any(math.isfinite(p[col]) for p in points):   # a one-LR group: no sensitivity
-                ax.plot([p[0] for p in points], [p[col] for p in points], color=s["color"],
-                        ls=s["ls"], lw=1.2, label=variant)
+def edge_runs(runs: list[RunRecord], which: str, levels: Optional[dict]) -> list:
+    """(LR, run) at the arm's highest stable LR and at its first failing LR (its lowest seed
+    that failed); where no run failed, at its best LR and the top of its grid."""
+    failed = [r for r in runs if st.failure(r, which, levels) is not None]
+    if not failed:
+        best = st.best_lr(st.lr_table(runs, which))
+        top = max(r.lr for r in runs)
+        lrs = ([best["lr"]] if best and best["lr"] != top else []) + [top]
+        return [(lr, min((r for r in runs if r.lr == lr), key=seed_order)) for lr in lrs]
+    safe = st.survives_up_to(runs, which, levels)
+    picks = [] if safe is None else [
+        (safe, min((r for r in runs if r.lr == safe), key=seed_order))]
+    first = min(r.lr for r in failed)
+    return picks + [(first, min((r for r in failed if r.lr == first), key=seed_order))]
+
+
+def head_extreme(run: RunRecord, key: str, reduce) -> tuple[list, list]:
+    """(steps, reduce over every layer and head of attn_heads[key]), finite values only."""
+    steps, values = [], []
+    for e in run.evals:
+        finite = [v for layer in e.get("attn_heads", {}).get(key) or [] for v in layer
+                  if v is not None and math.isfinite(v)]
+        if finite:
+            steps.append(e["step"])
+            values.append(reduce(finite))
+    return steps, values
+
+
+ROWS = (("max_logit", max, "max attention logit\n(every layer and head)", True),
+        ("entropy_norm", min, "entropy / ln(keys),\nmost one-hot head", False))
+EDGES = ("-", "--")   # the stable (or best) LR's run, the failing (or top) LR's
+
+
+def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
+    """lr_stability.png; None when no run has per-head statistics or no arm ran two LRs."""
+    arms = group_runs(lr_runs, drop=(LR_KEY,))
+    if not any("attn_heads" in e for r in lr_runs for e in r.evals) or all(
+            len({r.lr for r in g}) < 2 for g in arms.values()):
+        return None
+    fig, axes = plt.subplots(2, len(arms), squeeze=False, sharex="col", layout="constrained",
+                             figsize=(max(2.4 * len(arms), 7.0), 6.0))
+    for j, (key, runs) in enumerate(arms.items()):
+        picks = edge_runs(runs, which, frame.levels)
+        look = frame.looks[frame.arms.name(key)]
+        for i, (stat, reduce, ylabel, log) in enumerate(ROWS):
+            ax = axes[i][j]
+            for (lr, run), dashes in zip(picks, EDGES):
+                steps, values = head_extreme(run, stat, reduce)
+                values = [v if v > 0 or not log else math.nan for v in values]
+                ax.plot(steps, values, **{**style.line_style(look), "ls": dashes,
+                                          "markevery": max(1, len(steps) // 5)})
+            ax.set(yscale="log" if log else "linear", xlabel="step" if i else "")
+            ax.set_ylim(*((None, None) if log else (0.0, 1.05)))
+            ax.set_ylabel(ylabel if j == 0 else "", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[0][j].set_title(f"{frame.arms.name(key)}\nlr " + " / ".join(
+            f"{lr:g}" for lr, _ in picks), fontsize=8)
+    return finish_stability(fig, frame, list(arms))
+
+
+def finish_stability(fig, frame: Frame, keys: list[tuple]):
+    """The legend (each arm, and what solid and dashed mean) and the title."""
+    handles = [Line2D([], [], label=frame.arms.name(k), **style.line_style(
+        frame.looks[frame.arms.name(k)])) for k in keys]
+    handles += [Line2D([], [], color="0.3", ls=d, label=text) for d, text in zip(EDGES, (
+        "highest stable LR (no failure: best LR)", "first failing LR (no failure: grid's top)"))]
+    return style.finish(fig, "Attention at high learning rates, each arm at two LRs (column"
+                        " titles): the lowest seed at the LR, at the failing LR its lowest seed"
+                        " that failed; one run per line, n = 1, no intervals", handles)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-from scipy import special
+from scipy import stats
 
 from scripts.report.runs import LR_KEY, RunRecord, group_runs
 
@@ -80,9 +80,8 @@ class Interval:
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p for Student's t with df degrees of freedom (what
-    scipy.stats.t.ppf computes, without importing scipy.stats: a second of start-up)."""
-    return float(special.stdtrit(df, p))
+    """The t with P(T <= t) = p for Student's t with df degrees of freedom."""
+    return float(stats.t.ppf(p, df))
 
 
 def mean_interval(values: list[float]) -> Optional[Interval]:
@@ -108,19 +107,20 @@ def paired_difference(a: dict, b: dict) -> Optional[Interval]:
 
 
 def paired_p(a: dict, b: dict) -> Optional[float]:
-    """Two-sided p of the paired t-test of a against b over their common seeds, computed as
-    scipy.stats.ttest_rel does; None below two pairs. Differences all exactly 0 give t = 0/0:
-    p = 1 (no evidence of a difference)."""
+    """Two-sided p of the paired t-test (scipy.stats.ttest_rel) of a against b over their
+    common seeds; None below two pairs. Differences all exactly 0 (t = 0/0) give p = 1."""
     seeds = common_seeds(a, b)
     if len(seeds) < 2:
         return None
-    d = np.array([a[s] - b[s] for s in seeds], dtype=np.float64)
-    n, mean = len(d), np.mean(d)
-    var = np.mean((d - mean) ** 2) * (n / (n - 1))   # ddof 1, in ttest_rel's order of operations
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = mean / np.sqrt(var / n)
-    p = float(2 * special.stdtr(n - 1, -abs(t)))
+    with warnings.catch_warnings():   # differences all (nearly) equal: scipy warns, p stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
     return 1.0 if math.isnan(p) else p
+
+
+def logs(values: dict) -> dict:
+    """{seed: log value} of the positive values: a ratio of losses as a difference of logs."""
+    return {s: math.log(v) for s, v in values.items() if _finite(v) and v > 0}
 
 
 def holm(pvalues: list[Optional[float]]) -> list[Optional[float]]:
@@ -159,9 +159,11 @@ def identical(a: dict, b: dict) -> bool:
     return len(seeds) >= 2 and all(a[s] == b[s] for s in seeds)   # one pair is untested anyway
 
 
-def family(pairs: list[tuple[dict, dict]]) -> list[Comparison]:
-    """The comparisons a - b ({seed: value} each) of one table, Holm-adjusted together. A pair
-    of identical runs is not tested and not counted in the family's size."""
+def family(pairs: list[tuple[dict, dict]], log: bool = False) -> list[Comparison]:
+    """The comparisons a - b ({seed: value} each) of one table, Holm-adjusted together; log:
+    of log a - log b, the paired test of the ratio a / b. A pair of identical runs is not
+    tested and not counted in the family's size."""
+    pairs = [(logs(a), logs(b)) for a, b in pairs] if log else pairs
     same = [identical(a, b) for a, b in pairs]
     ps = [None if s else paired_p(a, b) for (a, b), s in zip(pairs, same)]
     return [Comparison(paired_difference(a, b), p, adjusted, s)

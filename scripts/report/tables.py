@@ -161,25 +161,38 @@ def steps_cell(runs: list[RunRecord]) -> str:
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
 
 
-def paired_rows(values: dict[tuple, dict], control: tuple) -> list[tuple]:
-    """(setting, variant, comparison) of each group minus its reference group, paired by seed,
-    the rows being one Holm family. `control`: one or more (config key, value), such as
-    (("scaling", "sqrt_dk"),); a group that differs from it in exactly one of these keys is
-    paired with the same group with that key's control value put in (the control itself
-    differs in none, and a group that differs in two has no single reference). values maps a
-    group key to {seed: number}."""
+class Against(tuple):
+    """A reference setting of --against, ((key, value), ...): a group is paired with the group
+    that has these values and the group's own value of every other key."""
+
+
+def reference(key: tuple, control: tuple) -> Optional[tuple]:
+    """The group a group is paired with under `control`, or None. A tuple of (key, value):
+    the group that differs from it in exactly one of these keys, with that key's control value
+    put in (a group that differs in two has no single reference); an Against: the group with
+    every named key at its value."""
+    if isinstance(control, Against):
+        named = dict(control)
+        return tuple((k, named.get(k, v)) for k, v in key)
+    differ = [(name, value) for name, value in control
+              if dict(key).get(name, value) != value]   # a key the sweep lacks: no differ
+    if len(differ) != 1:
+        return None
+    name, value = differ[0]
+    return tuple((k, value if k == name else v) for k, v in key)
+
+
+def paired_rows(values: dict[tuple, dict], control: tuple, log: bool = False) -> list[tuple]:
+    """(setting, variant, comparison) of each group minus its reference group (`reference`),
+    paired by seed, the rows being one Holm family; log: the comparison of log values. values
+    maps a group key to {seed: number}."""
     rows, pairs = [], []
     for key, seeds in values.items():
-        differ = [(name, value) for name, value in control
-                  if dict(key).get(name, value) != value]   # a key the sweep lacks: no differ
-        if len(differ) != 1:
-            continue
-        name, value = differ[0]
-        other = tuple((k, value if k == name else v) for k, v in key)
-        if other in values:
+        other = reference(key, control)
+        if other is not None and other != key and other in values:
             rows.append((setting_of(key), key[0][1]))
             pairs.append((seeds, values[other]))
-    return [(*row, c) for row, c in zip(rows, st.family(pairs))]
+    return [(*row, c) for row, c in zip(rows, st.family(pairs, log))]
 
 
 def ref_text(control: tuple) -> str:
@@ -188,26 +201,79 @@ def ref_text(control: tuple) -> str:
                      for name, value in control)
 
 
-def paired_table(values: dict[tuple, dict], control: tuple, what: str) -> list[str]:
-    rows = paired_rows(values, control)
-    name = ref_text(control)
-    if not rows:
-        return [f"No paired comparison: no `{name}` runs at the settings of the others."]
-    against = name if len(control) == 1 else "control"
-    lines = [f"| setting | variant | pairs | {what}: group − {against} | p (paired t) | Holm p"
-             " | reading |", "|---|---|---:|---:|---:|---:|---|"]
-    for setting, variant, c in rows:
-        reading = st.verdict(c, f"lower than {against}", f"higher than {against}")
-        lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
-                     f" | {cell(c.diff)} | {st.p_text(c.p)} | {st.p_text(c.p_holm)} | {reading} |")
+def pairing_text(control: tuple) -> str:
+    if isinstance(control, Against):
+        return (" and the group's own value of every other key (the reference: every group"
+                " whose other keys equal a reference group's is paired with it)")
+    return "" if len(control) == 1 else (" (the control: a group is paired with it where it"
+                                         " differs from it in one of these keys)")
+
+
+def against_text(control: tuple) -> str:
+    if isinstance(control, Against):
+        return "reference"
+    return ref_text(control) if len(control) == 1 else "control"
+
+
+def family_line(rows: list, test: str) -> str:
     tested = sum(c.p is not None for _, _, c in rows)
     same = sum(c.identical for _, _, c in rows)
     untested = len(rows) - tested - same
-    return lines + ["", f"Family: {tested} paired t-tests, Holm-adjusted together"
-                    + (f"; {untested} more without two pairs, untested" if untested else "")
-                    + (f"; {same} of identical runs (every pair equal), not tests and not"
-                       " counted" if same else "")
-                    + f". Resolved: Holm p < {st.ALPHA:g}."]
+    return (f"Family: {tested} paired t-tests{test}, Holm-adjusted together"
+            + (f"; {untested} more without two pairs, untested" if untested else "")
+            + (f"; {same} of identical runs (every pair equal), not tests and not"
+               " counted" if same else "") + f". Resolved: Holm p < {st.ALPHA:g}.")
+
+
+RATIO_LIMIT = 2.0   # losses more than this many times apart are compared by their logs
+
+
+def far_apart(c: st.Comparison) -> bool:
+    return c.diff is not None and abs(c.diff.mean) > math.log(RATIO_LIMIT)
+
+
+def paired_table(values: dict[tuple, dict], control: tuple, what: str,
+                 loss: bool = False) -> list[str]:
+    """The paired differences against `control`, one Holm family; loss: also the paired test
+    of log loss, whose verdict is the one read where the losses are more than RATIO_LIMIT
+    times apart (log_table)."""
+    rows = paired_rows(values, control)
+    if not rows:
+        return [f"No paired comparison: no `{ref_text(control)}` runs at the settings of the"
+                " others."]
+    against = against_text(control)
+    logs = paired_rows(values, control, log=True) if loss else [(0, 0, None)] * len(rows)
+    lines = [f"| setting | variant | pairs | {what}: group − {against} | p (paired t) | Holm p"
+             " | reading |", "|---|---|---:|---:|---:|---:|---|"]
+    for (setting, variant, c), (_, _, lc) in zip(rows, logs):
+        reading = st.verdict(c, f"lower than {against}", f"higher than {against}")
+        if lc is not None and far_apart(lc):
+            reading = (st.verdict(lc, f"lower than {against}", f"higher than {against}")
+                       + f" (log loss test: more than {RATIO_LIMIT:g}x apart)")
+        lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
+                     f" | {cell(c.diff)} | {st.p_text(c.p)} | {st.p_text(c.p_holm)} | {reading} |")
+    lines += ["", family_line(rows, "")]
+    return lines + (log_table(logs, against) if loss else [])
+
+
+def log_table(rows: list, against: str) -> list[str]:
+    """The same pairs on log loss: the ratio group / reference (exp of the mean log ratio)
+    with its 95% interval, and the paired t-test of log(group) - log(reference)."""
+    lines = ["", f"The same pairs on log loss: the ratio group / {against} (exp of the mean"
+             " per-seed log ratio, 95% t interval) and the paired t-test of the log losses."
+             f" A row whose ratio is above {RATIO_LIMIT:g} or below 1/{RATIO_LIMIT:g} reads this"
+             " test's verdict in the table above; the others read the difference.", "",
+             f"| setting | variant | pairs | ratio group / {against} | p (paired t, log) |"
+             " Holm p | reading |", "|---|---|---:|---:|---:|---:|---|"]
+    for setting, variant, c in rows:
+        ratio = "n/a" if c.diff is None else (
+            f"{math.exp(c.diff.mean):.4g}" + ("" if c.diff.half is None else
+                                             f" ({math.exp(c.diff.lo):.4g} to"
+                                             f" {math.exp(c.diff.hi):.4g})"))
+        lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
+                     f" | {ratio} | {st.p_text(c.p)} | {st.p_text(c.p_holm)}"
+                     f" | {st.verdict(c, f'lower than {against}', f'higher than {against}')} |")
+    return lines + ["", family_line(rows, " of log loss")]
 
 
 def layer_value(record: dict, name: str, how: str) -> Optional[float]:
@@ -289,8 +355,8 @@ def lr_comparisons(best_loss: dict, sens_seed: dict, control: tuple) -> list[str
     name = ref_text(control)
     lines = ["", f"Loss at each variant's own chosen LR on the held-out seeds, paired by seed"
              f" against `{name}` at the same setting:", ""]
-    lines += paired_table(best_loss, control, "loss at chosen LR")
-    if any(all(dict(key).get(k) == v for k, v in control) for key in sens_seed):
+    lines += paired_table(best_loss, control, "loss at chosen LR", loss=True)
+    if any(all(dict(key).get(k, v) == v for k, v in control) for key in sens_seed):
         lines += ["", f"LR sensitivity, paired by seed against `{name}` (the groups with"
                   " more than one LR):", ""]
         lines += paired_table(sens_seed, control, "LR sensitivity")
@@ -372,6 +438,7 @@ class Reading:
     levels: Optional[dict] = None
     plan: Optional[st.Plan] = None
     one_control: bool = False
+    against: tuple = ()   # --against settings, an Against each
 
     @property
     def controls(self) -> tuple:
@@ -381,7 +448,8 @@ class Reading:
         one control, so that every arm that changes one of these keys from it is in one
         family (an arm per bound, each against the baseline scale without any bound)."""
         refs = ((VARIANT_KEY, self.baseline), *self.pairs)
-        return (refs,) if self.one_control else tuple((ref,) for ref in refs)
+        controls = (refs,) if self.one_control else tuple((ref,) for ref in refs)
+        return controls + tuple(Against(a) for a in self.against)
 
 
 def subset_note(runs: list[RunRecord]) -> str:
@@ -418,12 +486,10 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
     for control in reading.controls:
         lines += ["", f"## Paired differences against `{ref_text(control)}`", "",
                   f"Per seed, a group's {name} minus that of the same setting and seed with"
-                  f" `{label(list(control))}`" + (
-                      "" if len(control) == 1 else " (the control: a group is paired with it"
-                      " where it differs from it in one of these keys)")
+                  f" `{label(list(control))}`" + pairing_text(control)
                   + ", over the seeds where neither run failed; an ordering is read only where"
                   f" the Holm-adjusted p of the paired t-test is below {st.ALPHA:g}.", ""]
-        lines += paired_table(values, control, name)
+        lines += paired_table(values, control, name, loss=True)
     lines += ["", "## Attention statistics", "",
               "Entropy, saturated-row fraction and raw variance: mean over layers; max logits:"
               " max over layers. Scaled = the logit softmax sees; raw = q.k before the scale."
@@ -449,14 +515,31 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
     return "\n".join(lines) + "\n"
 
 
-def appendix(runs, reading: Reading, skipped: list[str], notes: list[str]) -> str:
-    """The end of results.md: the failed runs, those still running, what was skipped, notes."""
+FIGURES = {
+    "loss_curves.png": "validation loss on the sampled batches against step",
+    "accuracy_curves.png": "validation accuracy on the sampled batches against step",
+    "loss_vs_baseline.png": "sampled validation loss minus the baseline's, same seed and step",
+    "diagnostics.png": "attention statistics of the fixed validation batch against step",
+    "qk_grad_norms.png": "gradient norms of the q and k projections against step",
+    "lr_transfer.png": "final loss against learning rate, every seed",
+    "lr_stability.png": "largest logit and most one-hot head's entropy at high learning rates",
+    "width_transfer.png": "loss against learning rate per width, and each seed's optimal LR",
+}
+HEADS = "per-head attention statistics of one run (the note below names it)"
+
+
+def appendix(runs, reading: Reading, skipped: list[str], notes: list[str],
+             figures: tuple = ()) -> str:
+    """The end of results.md: the figures, the failed runs, those still running, what was
+    skipped, notes."""
     lines = ["", "## Failed runs", ""] + failed_runs(runs, reading.which, reading.levels)
     partial = [r for r in runs if r.partial]
     if partial:
         lines += ["", "## Still running (no summary.json)", ""]
         lines += [f"- {r.path} (last eval at step {r.evals[-1].get('step')})" for r in partial]
     lines += ["", "## Skipped", ""] + ([f"- {s}" for s in skipped] or ["- none"])
+    lines += ["", "## Figures", ""] + [f"- `{name}`: {FIGURES.get(name, HEADS)}"
+                                      for name in figures] if figures else []
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -103,7 +103,7 @@ def drift(optima: dict[int, dict]) -> st.Comparison:
     if se == 0:   # every optimum on the line
         p = 1.0 if b == 0 else 0.0
     else:
-        p = float(2 * st.special.stdtr(n - 2, -abs(b / se)))
+        p = float(2 * st.stats.t.sf(abs(b / se), n - 2))
     return st.Comparison(st.Interval(float(b), half, n), p, None)
 
 

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import imread
 from scipy.stats import ttest_rel
 
-from scripts.report import figures
+from scripts.report import figures, style
 from scripts.report import stats as st
 from scripts.report.runs import load_runs
 
@@ -285,53 +285,56 @@ def test_lr_curves_show_each_scale_at_its_chosen_lr_on_the_held_out_seeds(lr_swe
     assert all([r.seed for r in h["runs"]] == ["3"] for h in held.values())
 
 
-def test_lr_figure_loss_bars_stop_at_0():
-    """Losses 0.001 and 1.0 of two seeds: the t interval (+-6.3) runs far below 0, which a loss
-    cannot; the upper bar keeps the interval's half-width, one seed draws no bar."""
-    from scripts.report.lr_figure import nonnegative_bars
-    wide, tight = st.mean_interval([0.001, 1.0]), st.mean_interval([2.0, 2.2])
-    (lower, upper) = nonnegative_bars([wide, tight, st.mean_interval([0.5])])
+def test_bars_are_intervals_of_three_seeds_or_more_cut_to_the_range():
+    """Losses 0.001, 0.5, 1.0 of three seeds: the t interval (+-1.24) runs below 0, which a
+    loss cannot; the upper bar keeps the half-width; two seeds draw no bar."""
+    wide, tight = st.mean_interval([0.001, 0.5, 1.0]), st.mean_interval([2.0, 2.1, 2.2])
+    (lower, upper) = style.bars([wide, tight, st.mean_interval([0.5, 0.7])])
     assert lower == pytest.approx([wide.mean, tight.half, 0.0])
     assert upper == pytest.approx([wide.half, tight.half, 0.0]) and wide.half > wide.mean
+    assert style.bars([st.mean_interval([0.5, 0.7]), st.mean_interval([0.5])]) is None
 
 
-def test_seeds_note_states_n_truthfully():
-    assert figures.seeds_note({"a": [1]}) == "one seed per line (no interval)"
-    assert figures.seeds_note({"a": [1, 2, 3]}).startswith("mean of n=3 seeds")
-    assert "n=1-3" in figures.seeds_note({"a": [1], "b": [1, 2, 3]})
+def test_seeds_text_states_n_and_says_no_intervals_below_three():
+    assert style.seeds_text([1]) == "n = 1 seeds per line, no intervals"
+    assert style.seeds_text([2, 2]) == "n = 2 seeds per line, no intervals"
+    assert style.seeds_text([3]).startswith("mean of n = 3 seeds per line, 95% t interval")
+    assert "n = 2-3" in style.seeds_text([2, 3]) and "(n = 2: no intervals)" in \
+        style.seeds_text([2, 3])
 
 
-def test_band_is_the_t_interval_and_absent_for_one_seed():
-    steps, mean, lo, hi = figures.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
-                                                    ([0, 10, 20], [4.0, 2.4, 1.0])])
+def test_band_is_the_t_interval_of_three_seeds_and_absent_below():
+    steps, mean, lo, hi = style.aggregate([([0, 10], [4.0, 2.0]), ([0, 10], [4.0, 2.2]),
+                                           ([0, 10, 20], [4.0, 2.4, 1.0])])
     assert list(steps) == [0, 10, 20] and mean[1] == pytest.approx(2.2)
     half = T975[3] * 0.2 / math.sqrt(3)
     assert (lo[1], hi[1]) == pytest.approx((2.2 - half, 2.2 + half))
     assert lo[0] == hi[0] == 4.0 and math.isnan(lo[2])   # one seed at step 20: no band
+    _, _, lo, hi = style.aggregate([([0], [1.0]), ([0], [2.0])])
+    assert math.isnan(lo[0]) and math.isnan(hi[0])   # two seeds: no band
 
 
 def test_log_band_is_geometric_and_stays_positive():
-    """Gradient norms 1e-3 and 1e-1: the arithmetic t band would reach far below 0."""
-    steps, mean, lo, hi = figures.aggregate([([5], [1e-3]), ([5], [1e-1])], log=True)
-    half = T975[2] * math.log(100) / 2   # s = ln(100) / sqrt(2), s / sqrt(n) = ln(100) / 2
+    """Gradient norms 1e-3, 1e-2 and 1e-1: the arithmetic band would reach below 0."""
+    steps, mean, lo, hi = style.aggregate([([5], [1e-3]), ([5], [1e-2]), ([5], [1e-1])],
+                                          log=True)
+    half = T975[3] * math.log(10) / math.sqrt(3)   # s of ln values = ln 10
     assert mean[0] == pytest.approx(1e-2)
     assert (lo[0], hi[0]) == pytest.approx((1e-2 * math.exp(-half), 1e-2 * math.exp(half)))
     assert lo[0] > 0
 
 
-def test_panels_per_scale_or_per_setting(ablation, lr_sweep):
-    from scripts.report.runs import group_runs
-    runs, _ = load_runs([ablation])
-    grid = figures.panels(group_runs(runs))   # scales only: a panel each, three a row
-    assert [[title for title, _ in row] for row in grid] == [["sqrt_dk", "none", "dk"],
-                                                             ["learned", "qk_norm"]]
-    runs, _ = load_runs([lr_sweep])
-    grid = figures.panels(group_runs(runs))   # rows: d_head, columns: lr
-    assert [[title for title, _ in row] for row in grid] == [
-        [f"d_head={d}, lr={lr}" for lr in ("0.001", "0.01", "0.1")]
-        for d in (16, 64)]
-    assert [k[0][1] for k, _ in grid[0][1][1]] == ["sqrt_dk", "none", "qk_norm"]
-    assert [len(g) for _, g in grid[0][1][1]] == [3, 3, 3] and len(grid[1][1][1]) == 1
+def test_an_arm_is_a_scale_and_the_switches_it_turns_on():
+    keys = [(("scaling", "sqrt_dk"), ("model.d_head", "16"), ("scaling.softcap", None)),
+            (("scaling", "sqrt_dk"), ("model.d_head", "64"), ("scaling.softcap", None)),
+            (("scaling", "none"), ("model.d_head", "16"), ("scaling.softcap", None)),
+            (("scaling", "sqrt_dk"), ("model.d_head", "16"), ("scaling.softcap", "50"))]
+    arms = style.Arms.of(keys)
+    assert [arms.name(k) for k in keys] == ["sqrt_dk", "sqrt_dk", "none", "sqrt_dk, softcap=50"]
+    assert arms.settings(keys) == [(("model.d_head", "16"),), (("model.d_head", "64"),)]
+    looks = arms.looks(keys)
+    assert looks["sqrt_dk"] == style.SCALES["sqrt_dk"] and looks["none"] == style.SCALES["none"]
+    assert looks["sqrt_dk, softcap=50"] == style.EXTRA[0]
 
 
 def test_sampled_loss_on_request_and_bad_input(tmp_path, capsys, tables_only):
@@ -341,7 +344,6 @@ def test_sampled_loss_on_request_and_bad_input(tmp_path, capsys, tables_only):
     assert report_in_process(run, "--out", out, "--loss", "sampled") == 0
     row = table_row((out / "results.md").read_text(), "scaling=dk")
     assert row[1:4] == ["1", "1.5000 (n=1)", "1.5000 (n=1)"]
-    assert "one seed per line" in figures.seeds_note({"k": [1]})
     assert report_in_process(tmp_path / "nope", "--out", out) == 2
     (tmp_path / "empty").mkdir()
     capsys.readouterr()
@@ -591,9 +593,13 @@ def test_one_lr_groups_get_no_lr_sensitivity(lr_report, tmp_path, tables_only):
     assert "LR sensitivity, paired" not in lr_part
 
 
-def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp_path):
+def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp_path,
+                                                                             monkeypatch):
     """One seed leaves nothing to hold out: the report still names each variant's best LR and
     draws its curves there, saying that the LR was chosen on the runs drawn."""
+    titles = {}
+    monkeypatch.setattr(Figure, "savefig", lambda fig, fname, **kw: titles.update(
+        {Path(fname).name: " ".join(fig._suptitle.get_text().split())}))
     sweep = tmp_path / "multirun" / "select" / "t"
     for scaling, losses in (("sqrt_dk", (2.0, 1.8)), ("none", (1.7, 1.9))):
         for lr, loss in zip((1e-3, 2e-3), losses):
@@ -605,10 +611,9 @@ def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp
     lr_part = text.split("## Learning rate")[1]
     assert table_row(lr_part, "scaling=sqrt_dk")[2] == "0.002 (grid edge)"
     assert table_row(lr_part, "scaling=none")[2] == "0.001 (grid edge)"
-    assert "no seed is held out" in text.split("## Notes")[1]
-    assert (out / "loss_curves.png").stat().st_size > 0
-    # the LR figure draws the loss-vs-LR row only: its held-out row would be empty panels
-    assert imread(out / "lr_transfer.png").shape[0] == round(3.8 * 120)
+    assert "each arm at its best LR on seeds 101, the seeds that chose it (not held out)" in \
+        titles["loss_curves.png"]
+    assert "lr_transfer.png" in titles
 
 
 def test_how_a_run_was_executed_is_not_a_setting(tmp_path, tables_only):

@@ -12,23 +12,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 from conftest import heads_run, make_run  # noqa: E402
 
 from scripts import plot_runs  # noqa: E402
-from scripts.report import figures, ngram  # noqa: E402
+from scripts.report import figures, ngram, style  # noqa: E402
 
 LEVELS = {"unigram": 3.32, "bigram": 2.51, "trigram": 2.06}
 
 
-def test_reference_lines_label_the_levels_in_range_and_name_the_others():
+def test_reference_lines_are_named_in_the_legend_not_written_over_the_panel():
     fig, ax = plt.subplots()
     ax.plot([0, 10], [1.9, 2.4])
-    ax.set_ylim(1.8, 2.6)
-    figures.reference_lines(ax, LEVELS)
-    assert ax.get_ylim() == (1.8, 2.6)  # the zoom stays
+    style.reference_lines(ax, LEVELS)
     drawn = sorted(line.get_ydata()[0] for line in ax.lines[1:])
-    assert drawn == [2.06, 2.51]
-    texts = [t.get_text() for t in ax.texts]
-    assert "bigram 2.51" in texts and "trigram 2.06" in texts
-    assert "unigram 3.32 above" in texts
-    assert min(t.get_fontsize() for t in ax.texts) >= 9
+    assert drawn == [2.06, 2.51, 3.32] and not ax.texts
+    assert ax.get_legend_handles_labels()[1] == ["unigram 3.32", "bigram 2.51",
+                                                  "trigram 2.06"]
     plt.close(fig)
 
 
@@ -43,13 +39,10 @@ def test_the_levels_line_goes_above_every_table_once():
     assert line.endswith("unigram 3.3200, bigram 2.5100, trigram 2.0600.")
 
 
-def test_plot_heads_draws_every_head_of_every_layer(tmp_path, monkeypatch, unrendered_figures):
+def test_plot_heads_draws_every_head_of_every_layer(tmp_path):
     run, value = heads_run(tmp_path)
-    shown = []
-    monkeypatch.setattr(figures.plt, "close", shown.append)
-    assert figures.plot_heads(run, tmp_path / "heads.png")
-    assert (tmp_path / "heads.png").is_file()
-    axes = shown[0].axes
+    fig = figures.plot_heads(run, "a run")
+    axes = fig.axes
     assert len(axes) == 5 * 2  # statistics x layers, row by row
     for i, ax in enumerate(axes):
         layer = i % 2
@@ -64,12 +57,13 @@ def test_plot_heads_draws_every_head_of_every_layer(tmp_path, monkeypatch, unren
     assert marks == [pytest.approx(uniform)]
     marks = [line.get_ydata()[0] for line in axes[2].lines if len(line.get_xdata()) == 2]
     assert marks == [pytest.approx(1 / 8)]
+    assert "one run: a run (n = 1, no intervals)" in " ".join(fig._suptitle.get_text().split())
     run.evals = [{k: v for k, v in e.items() if k != "attn_heads"} for e in run.evals]
-    assert not figures.plot_heads(run, tmp_path / "none.png")
+    assert figures.plot_heads(run, "a run") is None
+    plt.close(fig)
 
 
-def test_a_constant_head_statistic_draws_flat_when_its_last_digits_wobble(
-        tmp_path, monkeypatch, unrendered_figures):
+def test_a_constant_head_statistic_draws_flat_when_its_last_digits_wobble(tmp_path):
     """Uniform attention's entropy is one number at every step; curves.jsonl keeps it to 6
     significant digits except at the first and last evaluation, so a figure drawn from it sees
     3.5977 and 3.59770 +- 1e-6. Autoscaled, that wobble filled the panel as steps; the panel
@@ -79,10 +73,8 @@ def test_a_constant_head_statistic_draws_flat_when_its_last_digits_wobble(
     for i, e in enumerate(run.evals):
         wobble = 0.0 if i in (0, len(run.evals) - 1) else float(f"{exact:.6g}") - exact
         e["attn_heads"]["entropy"] = [[exact + wobble] * 3 for _ in range(2)]
-    shown = []
-    monkeypatch.setattr(figures.plt, "close", shown.append)
-    assert figures.plot_heads(run, tmp_path / "heads.png")
-    for ax in shown[0].axes[:2]:   # the entropy row, both layers
+    fig = figures.plot_heads(run, "a run")
+    for ax in fig.axes[:2]:   # the entropy row, both layers
         lo, hi = ax.get_ylim()
         assert lo < exact < hi and hi - lo >= 0.05 * exact, (lo, hi)
 

@@ -30,7 +30,7 @@ from conftest import (
 from matplotlib.figure import Figure
 from scipy.stats import ttest_rel
 
-from scripts.report import figures
+from scripts.report import figures, style
 from scripts.report.runs import load_runs
 from scripts.report.runs_csv import read_runs_csv
 
@@ -126,7 +126,7 @@ def test_accuracy_curves_are_drawn_for_recall_runs_only(recall_report, tmp_path,
     out, _, shown = recall_report
     assert (out / "accuracy_curves.png").stat().st_size > 0
     fig = next(f for f in shown if "Validation accuracy" in f._suptitle.get_text())
-    ax = fig.axes[0]   # sqrt_dk's panel: its mean curve over the three seeds, and the lines
+    ax = fig.axes[0]   # the one panel: sqrt_dk's mean curve over the three seeds, and the lines
     curve = [line for line in ax.lines if line.get_label() == "sqrt_dk"][0]
     assert list(curve.get_xdata()) == [i * STEP for i in range(7)]
     assert list(curve.get_ydata()) == pytest.approx(
@@ -142,10 +142,10 @@ def test_accuracy_curves_are_drawn_for_recall_runs_only(recall_report, tmp_path,
 
 
 def test_an_accuracy_band_is_clipped_to_0_1():
-    """Two seeds at 0.2 and 1.0: the t interval (+-5.1) would reach far outside [0, 1]."""
+    """Three seeds at 0.2, 0.6 and 1.0: the t interval (+-0.99) reaches outside [0, 1]."""
     fig, ax = figures.plt.subplots()
-    agg = figures.aggregate([([0, 25], [0.0, 0.2]), ([0, 25], [0.0, 1.0])])
-    figures.draw(ax, agg, "sqrt_dk", "sqrt_dk", bounds=(0.0, 1.0))
+    agg = style.aggregate([([0, 25], [0.0, 0.2]), ([0, 25], [0.0, 0.6]), ([0, 25], [0.0, 1.0])])
+    style.draw_mean(ax, agg, style.SCALES["sqrt_dk"], "sqrt_dk", bounds=(0.0, 1.0))
     band = ax.collections[0].get_paths()[0].vertices[:, 1]
     assert band.min() == 0.0 and band.max() == 1.0
     figures.plt.close(fig)

@@ -1,4 +1,4 @@
-"""The high-LR report (scripts/report/stability_figure.py, and the LR tables' pairing of a bound
+"""The high-LR report (lr_stability.png of scripts/report/lr_figure.py, and the LR tables' pairing of a bound
 against the same scale without it): on conftest.stability_sweep, where sqrt_dk fails at 1e-1,
 none at 1e-2 (seed 2) and 1e-1, and sqrt_dk with scaling.softcap=50 at no LR."""
 
@@ -14,7 +14,9 @@ from conftest import (
 
 from scripts.report import stats as st
 from scripts.report.runs import LR_KEY, group_runs, load_runs
-from scripts.report.stability_figure import arm_labels, edge_runs, head_extreme, plot_stability
+from scripts.report.figures import Frame
+from scripts.report.lr_figure import edge_runs, head_extreme, plot_lr, plot_stability
+from scripts.report.style import Arms
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +28,12 @@ def sweep(tmp_path_factory):
 def arms(sweep):
     runs, _ = load_runs([sweep])
     groups = group_runs(runs, drop=(LR_KEY,))
-    names = arm_labels(list(groups))
-    return {names[key]: runs for key, runs in groups.items()}
+    return {Arms.of(groups).name(key): runs for key, runs in groups.items()}
+
+
+def frame(runs) -> Frame:
+    keys = group_runs(runs, drop=(LR_KEY,))
+    return Frame(Arms.of(keys), Arms.of(keys).looks(keys))
 
 
 def test_each_arm_is_named_by_its_scale_and_the_bound_it_adds(arms):
@@ -35,16 +41,13 @@ def test_each_arm_is_named_by_its_scale_and_the_bound_it_adds(arms):
 
 
 def test_edge_runs_are_the_highest_stable_and_the_first_failing_lr(arms):
-    picked = {name: [(text, run.lr, run.seed) for text, run in edge_runs(runs, "full", None)]
+    picked = {name: [(lr, run.lr, run.seed) for lr, run in edge_runs(runs, "full", None)]
               for name, runs in arms.items()}
-    assert picked["sqrt_dk"] == [("lr 0.01: highest stable", 1e-2, "1"),
-                                 ("lr 0.1: first failing", 1e-1, "1")]
+    assert picked["sqrt_dk"] == [(1e-2, 1e-2, "1"), (1e-1, 1e-1, "1")]   # stable, failing
     # none fails at 1e-2 on seed 2 only: that run, not seed 1's, which did not fail
-    assert picked["none"] == [("lr 0.001: highest stable", 1e-3, "1"),
-                              ("lr 0.01: first failing", 1e-2, "2")]
+    assert picked["none"] == [(1e-3, 1e-3, "1"), (1e-2, 1e-2, "2")]
     # no run of the soft-capped arm failed: its best LR and the top of its grid
-    assert picked["sqrt_dk, softcap=50"] == [("lr 0.01: best", 1e-2, "1"),
-                                             ("lr 0.1: top of grid, no run failed", 1e-1, "1")]
+    assert picked["sqrt_dk, softcap=50"] == [(1e-2, 1e-2, "1"), (1e-1, 1e-1, "1")]
     assert st.survives_up_to(arms["none"], "full", None) == 1e-3
 
 
@@ -61,33 +64,27 @@ def test_head_extremes_are_the_max_logit_and_the_least_entropy_over_layers_and_h
     assert head_extreme(failed, "max_logit", max)[0] == [0, 10, 20]   # the NaN eval left out
 
 
-def test_the_figure_draws_each_arms_curve_and_its_edge_runs(sweep, tmp_path, monkeypatch,
-                                                             unrendered_figures):
-    import scripts.report.stability_figure as sf
-    shown = []
-    monkeypatch.setattr(sf.plt, "close", shown.append)
+def test_the_figures_draw_each_arms_curve_and_its_edge_runs(sweep):
     runs, _ = load_runs([sweep])
-    assert plot_stability(runs, "full", tmp_path / "lr_stability.png")
-    fig = shown[0]
-    top = fig.axes[0]
-    assert [t.get_text() for t in top.get_legend().get_texts()] == [
-        "sqrt_dk", "sqrt_dk, softcap=50", "none"]
+    top = plot_lr(frame(runs), runs, "full").axes[0]   # loss against LR, an arm a line
     crosses = [line for line in top.lines if line.get_marker() == "x"]
     assert [list(line.get_xdata()) for line in crosses] == [[1e-1], [], [1e-2, 1e-1]]
-    panels = {ax.get_title(): ax for ax in fig.axes[1:] if ax.get_title()}
+    fig = plot_stability(frame(runs), runs, "full")
+    panels = {ax.get_title().split("\n")[0]: ax for ax in fig.axes if ax.get_title()}
     assert set(panels) == {"sqrt_dk", "sqrt_dk, softcap=50", "none"}
+    assert panels["none"].get_title() == "none\nlr 0.001 / 0.01"   # stable / failing
     lines = panels["none"].lines
-    assert [line.get_label() for line in lines] == ["lr 0.001: highest stable",
-                                                    "lr 0.01: first failing"]
+    assert [line.get_linestyle() for line in lines] == ["-", "--"]
     assert lines[1].get_ydata()[-1] == pytest.approx(
         stability_head_value("max_logit", 1e-2, 2, (2, 1, 1)))
     assert panels["none"].get_yscale() == "log"
-    assert [line.get_label() for line in panels["sqrt_dk, softcap=50"].lines] == [
-        "lr 0.01: best", "lr 0.1: top of grid, no run failed"]
+    assert panels["sqrt_dk, softcap=50"].get_title() == "sqrt_dk, softcap=50\nlr 0.01 / 0.1"
+    assert [t.get_text() for t in fig.legends[0].get_texts()][:3] == [
+        "sqrt_dk", "sqrt_dk, softcap=50", "none"]
     without = [r for r in runs if r.lr >= 1e-2]
     for r in without:
         r.evals = [{k: v for k, v in e.items() if k != "attn_heads"} for e in r.evals]
-    assert not plot_stability(without, "full", tmp_path / "none.png")
+    assert plot_stability(frame(without), without, "full") is None
 
 
 def test_a_bound_is_paired_with_its_scale_without_it_in_the_lr_tables(sweep, tmp_path,
@@ -144,10 +141,9 @@ def test_no_figure_where_each_arm_ran_one_lr(sweep, tmp_path, unrendered_figures
     report draws no lr_stability.png, though its runs record per-head statistics."""
     runs, _ = load_runs([sweep])
     chosen = [r for r in runs if r.lr == 1e-2]
-    assert not plot_stability(chosen, "full", tmp_path / "one.png")
-    assert not (tmp_path / "one.png").exists()
-    assert plot_stability(chosen + [r for r in runs if r.variant == "none" and r.lr == 1e-3],
-                          "full", tmp_path / "two.png")   # one arm with two LRs: a grid
+    assert plot_stability(frame(chosen), chosen, "full") is None
+    two = chosen + [r for r in runs if r.variant == "none" and r.lr == 1e-3]
+    assert plot_stability(frame(two), two, "full") is not None   # one arm with two LRs
     grid = tmp_path / "grid"
     assert report_in_process(sweep, "--out", grid) == 0
     assert (grid / "lr_stability.png").is_file()

@@ -8,6 +8,7 @@ doubling, under mup it moves by 0.05, -0.05 and 0."""
 import math
 
 import pytest
+from scipy import stats
 from conftest import LOG2_LRS, SLOPES, WIDTHS, loss_at, optimum, table_row, width_sweep
 
 from scripts.report import stats as st
@@ -64,7 +65,7 @@ def pooled_slope(seeds_slopes: dict) -> tuple[float, float, float]:
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     a = my - b * mx
     se = math.sqrt(sum((y - a - b * x) ** 2 for x, y in zip(xs, ys)) / (n - 2) / sxx)
-    return b, st.t_quantile(0.975, n - 2) * se, float(2 * st.special.stdtr(n - 2, -abs(b / se)))
+    return b, st.t_quantile(0.975, n - 2) * se, float(2 * stats.t.sf(abs(b / se), n - 2))
 
 
 def test_a_drift_needs_three_optima_for_an_interval_and_two_widths_for_a_slope(tmp_path):

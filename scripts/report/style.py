@@ -1,0 +1,175 @@
+"""The figure contract (docs/report.md, "What the figures promise"), written once: each arm's
+colour and marker, what an arm is, when a band is drawn and how far, what a title says about the
+seeds, and how a figure is finished (panels without data dropped, one legend outside the
+panels, a title that fits). Every figure of scripts/report/ draws through these helpers, and
+tests/report/test_figure_contract.py checks the result on every committed figure.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from scripts.report import stats as st
+from scripts.report.runs import VARIANT_KEY, label, setting_order
+
+# One colour, marker and dash pattern per scale; an arm that adds a switch to a scale (a bound
+# on the scores, say) takes the next of EXTRA, in the order of its name.
+SCALES = {"sqrt_dk": ("C0", "o", "-"), "none": ("C1", "s", "--"), "dk": ("C2", "^", "-."),
+          "constant": ("C3", "D", ":"), "learned": ("C4", "v", (0, (6, 2))),
+          "qk_norm": ("C5", "P", (0, (3, 1, 1, 1))), "uniform": ("C7", "x", (0, (1, 1)))}
+EXTRA = (("C6", "*", "-"), ("C9", "h", "--"), ("C8", "X", "-."), ("#8c564b", "d", ":"),
+         ("#17becf", "p", "-"), ("k", "<", "--"))
+MIN_BAND_N = 3   # a band or bar is a 95% t interval of at least 3 seeds; t(0.975, 1) is 12.7
+LEVEL_STYLES = ((0, (1, 2)), (0, (4, 2)), (0, (2, 1, 1, 1)))
+
+
+def palette(arms) -> dict[str, tuple]:
+    """arm name -> (colour, marker, dashes): a scale's own; the other arms EXTRA in order."""
+    others = sorted({a for a in arms if a not in SCALES})
+    looks = {a: SCALES[a] for a in arms if a in SCALES}
+    looks.update({a: EXTRA[i % len(EXTRA)] for i, a in enumerate(others)})
+    return looks
+
+
+@dataclass(frozen=True)
+class Arms:
+    """The arms of a report: a group's scale plus its switches, keys whose most common value
+    over the groups is the default (null or 0) and that some group turns on (scaling.softcap=50
+    on sqrt_dk is the arm "sqrt_dk, softcap=50"). A group's other keys are its setting, a
+    panel of the figures."""
+
+    switches: dict   # key -> its most common value
+
+    @classmethod
+    def of(cls, keys) -> "Arms":
+        names = {k for key in keys for k, _ in key[1:]}
+        common = {k: Counter(dict(key).get(k) for key in keys).most_common(1)[0][0]
+                  for k in names}
+        return cls({k: v for k, v in common.items() if v in (None, "0")})
+
+    def name(self, key: tuple) -> str:
+        on = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in key[1:]
+              if k in self.switches and v != self.switches[k]]
+        return ", ".join([dict(key)[VARIANT_KEY], *on])
+
+    def setting(self, key: tuple) -> tuple:
+        return tuple((k, v) for k, v in key[1:] if k not in self.switches)
+
+    def settings(self, keys) -> list[tuple]:
+        return sorted({self.setting(k) for k in keys}, key=setting_order)
+
+    def looks(self, keys) -> dict:
+        return palette([self.name(k) for k in keys])
+
+
+def line_style(look: tuple) -> dict:
+    colour, marker, dashes = look
+    return {"color": colour, "marker": marker, "ls": dashes, "ms": 4, "lw": 1.4}
+
+
+def aggregate(series: list[tuple[list, list]], log: bool = False):
+    """Seeds' (steps, values) -> (steps, mean, band low, band high), the band NaN where fewer
+    than MIN_BAND_N seeds have a value; None without a value. log: positive values only, the
+    geometric mean and the interval of the mean log."""
+    steps = sorted({s for xs, _ in series for s in xs})
+    index = {s: i for i, s in enumerate(steps)}
+    grid = np.full((len(series), len(steps)), np.nan)   # (runs, steps)
+    for row, (xs, ys) in enumerate(series):
+        for x, y in zip(xs, ys):
+            if math.isfinite(y) and (y > 0 or not log):
+                grid[row, index[x]] = math.log(y) if log else y
+    keep = ~np.all(np.isnan(grid), axis=0)
+    if not keep.any():
+        return None
+    grid, steps = grid[:, keep], np.array(steps)[keep]
+    half = np.array([st.mean_interval(list(c[~np.isnan(c)])).half
+                     if (~np.isnan(c)).sum() >= MIN_BAND_N else np.nan for c in grid.T], float)
+    mean = np.nanmean(grid, axis=0)
+    out = np.array([mean, mean - half, mean + half])
+    return (steps, *(np.exp(out) if log else out))
+
+
+def draw_mean(ax, agg, look: tuple, text: str, bounds=(-math.inf, math.inf)) -> None:
+    """A mean line and, where it has one, its band cut to the quantity's range `bounds`."""
+    steps, mean, lo, hi = agg
+    s = line_style(look)
+    ax.plot(steps, mean, label=text, markevery=max(1, len(steps) // 6), **s)
+    if np.isfinite(lo).any():
+        ax.fill_between(steps, np.clip(lo, *bounds), np.clip(hi, *bounds), color=s["color"],
+                        alpha=0.18, lw=0)
+
+
+def bars(ivs, bounds=(0.0, math.inf)):
+    """errorbar's yerr: each 95% interval of MIN_BAND_N seeds or more, cut to `bounds`; 0
+    (no bar) below MIN_BAND_N; None where no point has a bar."""
+    half = [iv.half if iv.half is not None and iv.n >= MIN_BAND_N else 0.0 for iv in ivs]
+    if not any(half):
+        return None
+    return [[min(h, iv.mean - bounds[0]) for h, iv in zip(half, ivs)],
+            [min(h, max(bounds[1] - iv.mean, 0.0)) for h, iv in zip(half, ivs)]]
+
+
+def seeds_text(ns, what: str = "line") -> str:
+    """The n each line rests on, and whether it has an interval."""
+    ns = sorted(set(ns))
+    span = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    if ns[-1] < MIN_BAND_N:
+        return f"n = {span} seeds per {what}, no intervals"
+    small = f" (n = {ns[0]}: no intervals)" if ns[0] < MIN_BAND_N else ""
+    return f"mean of n = {span} seeds per {what}, 95% t interval where n >= {MIN_BAND_N}{small}"
+
+
+def reference_lines(ax, levels: dict, colour: str = "0.35") -> None:
+    """Reference levels as dotted lines named in the legend (not written over the panel)."""
+    for (name, value), dashes in zip(levels.items(), LEVEL_STYLES * 3):
+        ax.axhline(value, color=colour, lw=0.9, ls=dashes, label=f"{name} {value:.2f}",
+                   zorder=1)
+
+
+def has_data(ax) -> bool:
+    for line in ax.lines:
+        if line.get_transform() == ax.transData and np.isfinite(
+                np.asarray(line.get_ydata(), float)).any():
+            return True
+    return bool(ax.collections)
+
+
+def finish(fig, title: str, handles: tuple = ()):
+    """Drops the panels without data, puts one legend below the panels (an entry per label, or
+    `handles`; as many a row as the width holds), writes the title and returns the figure."""
+    for ax in [ax for ax in fig.axes if not has_data(ax)]:
+        fig.delaxes(ax)
+    entries = {h.get_label(): h for h in handles}
+    for ax in fig.axes if not handles else ():
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(text, handle)
+    if entries:
+        widest = max(len(t) for t in entries) * 0.075 + 0.7   # inches an entry takes
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center",
+                   ncol=max(1, min(len(entries), int(fig.get_figwidth() / widest))),
+                   fontsize=8, frameon=False)
+    suptitle(fig, title)
+    return fig
+
+
+def suptitle(fig, text: str, fontsize: float = 10) -> None:
+    """The title, each line wrapped at whole words to the figure's width: at an estimate of the
+    characters a line holds, then at fewer while the drawn title is wider than the figure."""
+    width = max(40, int(fig.get_figwidth() * 72 / (0.55 * fontsize)))
+    renderer = fig.canvas.get_renderer()
+    while True:
+        lines = [textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
+                 for line in text.split("\n")]
+        title = fig.suptitle("\n".join(lines), fontsize=fontsize)
+        if width <= 20 or title.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+            return
+        width = int(width * 0.9)
+
+
+def panel_title(setting: tuple) -> str:
+    return label(setting, "all runs", short=True)
