@@ -141,8 +141,7 @@ def evaluate_and_log(run: Run, out: RunDir, step: int, lr: float,
 def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock",
            lengths: dict) -> dict:
     """After the loop: the final weights on the whole validation split, samples from the best
-    weights, summary.json (with `lengths`, the evaluation past block_size), the end of this
-    segment in run.json."""
+    weights, summary.json (and `lengths`' fields), the end of this segment in run.json."""
     full = {} if diverged else evaluate_full(run)
     if full:
         out.say(describe(full))

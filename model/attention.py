@@ -17,9 +17,8 @@ tests hold the two equal. The scales (ScalingConfig.name; docs/scaling.md explai
     uniform   s = 0: every allowed key gets the same weight whatever q and k are; the
               control that says what attention's selectivity buys
 Optional soft-cap (Gemma 2, Gemma Team 2024): logits <- c * tanh(logits / c), after the scale.
-Options that load only when named: model.pos=rope turns q and k by their positions
-(model/rope.py); scaling.length multiplies row i's q by g(n_i), n_i its allowed keys
-(model/length.py). model.pos=learned and nope add nothing here.
+Options loaded only when named: model.pos=rope turns q and k by their positions (model/rope.py);
+scaling.length multiplies row i's q by g(n_i), n_i its allowed keys (model/length.py).
 s multiplies q before the product: in float16 (q @ k^T) * s overflows 65504 where (q * s) @ k^T
 does not (q = k = 40, d_head = 64: inf versus 12800).
 
@@ -155,7 +154,7 @@ class MultiHeadAttention(nn.Module):
         # 2. M; SDPA needs no tensor for a plain causal mask (its is_causal)
         plain_causal = fused and causal and valid_mask is None and attn_mask is None
         mask = None if plain_causal else build_mask(x, causal, valid_mask, attn_mask)
-        q = self.length_factor(q, mask, causal)  # q * g(n) per row (scaling.length)
+        q = q if self.length is None else self.length(q, mask, causal)  # q * g(n) per row
         if fused:
             y = self.sdpa(q, k, v, causal, mask)  # 3. by one fused kernel
         else:
@@ -167,7 +166,8 @@ class MultiHeadAttention(nn.Module):
         """forward by the explicit path, with the weights and statistics (model/diagnostics.py)."""
         q, k, v = self.split_heads(x)  # (B, H, T, D) each
         mask = build_mask(x, causal, valid_mask, attn_mask)
-        y, weights, logits = self.explicit(self.length_factor(q, mask, causal), k, v, mask)
+        gq = q if self.length is None else self.length(q, mask, causal)  # q * g(n) per row
+        y, weights, logits = self.explicit(gq, k, v, mask)
         stats = diagnostics.attention_stats(q, k, logits, weights,
                                             None if mask is None else (mask.allowed, mask.row_ok),
                                             valid_mask)
@@ -184,12 +184,6 @@ class MultiHeadAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)  # normalised over D
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         return (q, k, v) if self.rope is None else (*self.rope(q, k), v)  # RoPE turns q and k
-
-    def length_factor(self, q: Tensor, mask: Optional[Mask], causal: bool) -> Tensor:
-        """q * g(n) for scaling.length (model/length.py), q itself for `fixed`."""
-        if self.length is None:
-            return q
-        return self.length(q, None if mask is None else mask.allowed, causal)
 
     def merge_heads(self, y: Tensor) -> Tensor:
         """y (B, H, T, D) -> (B, T, C): the mirror of split_heads, then the output projection."""

@@ -30,7 +30,7 @@ from torch import Tensor
 
 
 class LengthFactor(nn.Module):
-    """q (B, H, T, D) -> q * g(n), n per row from the mask's `allowed` (module docstring)."""
+    """q (B, H, T, D) -> q * g(n), n per row from the mask (module docstring)."""
 
     def __init__(self, length: str, base: int, n_head: int):
         super().__init__()
@@ -38,9 +38,11 @@ class LengthFactor(nn.Module):
         if length == "ssmax":  # one s_h per head, s_h ln(T0) = 1 at the start
             self.ssmax_scale = nn.Parameter(torch.full((n_head,), 1.0 / math.log(base)))
 
-    def forward(self, q: Tensor, allowed: Optional[Tensor], causal: bool) -> Tensor:
+    def forward(self, q: Tensor, mask: Optional[tuple], causal: bool) -> Tensor:
+        """`mask`: model.attention's Mask (its `allowed` counts the keys), or None."""
         if self.length == "log_n_eval" and self.training:
             return q
+        allowed = None if mask is None else mask.allowed  # (B|1, H|1, T, T)
         return (q * self.factor(keys_per_row(q, allowed, causal))).to(q.dtype)
 
     def factor(self, n: Tensor) -> Tensor:

@@ -158,11 +158,10 @@ def sliding_reference(model: GPT, windows: torch.Tensor, block_size: int,
     W, longest = windows.shape[0], windows.shape[1] - 1
     reference = torch.full((W, longest), float("nan"), dtype=torch.float64,
                            device=windows.device)
-    for w in range(W):
+    for w in range(W if longest > block_size else 0):
         # row j: tokens j..j+T0, whose last target is offset o = j + T0 - 1; j >= 1 is o >= T0
         rows = windows[w].unfold(0, block_size + 1, 1)[1:]  # (longest - T0, T0 + 1)
-        if len(rows):
-            reference[w, block_size:] = token_losses(model, rows, autocast)[:, -1]
+        reference[w, block_size:] = token_losses(model, rows, autocast)[:, -1]
     return reference
 
 
@@ -226,5 +225,7 @@ def query_weights(attn, x: torch.Tensor) -> torch.Tensor:
     """The attention weights of the last row (the query), (B, H, T), by the explicit path of
     `attn` on its input x (B, T, C): its scale, length factor and soft-cap, causal."""
     q, k, v = attn.split_heads(x)  # (B, H, T, D) each
-    q = attn.length_factor(q, None, True)[:, :, -1:]  # the last row sees every key: n = T
+    if attn.length is not None:  # scaling.length: the last row sees every key, n = T
+        q = attn.length(q, None, True)
+    q = q[:, :, -1:]  # (B, H, 1, D): the query's row
     return attn.explicit(q, k, v, None)[1][:, :, 0]  # (B, H, 1, T) -> (B, H, T)

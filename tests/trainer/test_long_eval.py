@@ -80,6 +80,18 @@ def test_lengths_and_the_sliding_reference_equal_forwards_by_hand(pos, length):
     assert short["loss"] == pytest.approx(by_hand / (24 * n), abs=1e-5)
 
 
+@pytest.mark.parametrize("lengths", [[4], [8], [4, 8]])
+def test_lengths_within_block_size_are_their_own_reference(lengths):
+    model = small_model("learned")
+    tokens = np.random.default_rng(1).integers(0, 13, size=100).astype(np.uint16)
+    with torch.no_grad():
+        got = long_eval.text_lengths(model, tokens, lengths, torch.autocast("cpu",
+                                                                            enabled=False), 64)
+    for length, record in zip(lengths, got):
+        assert record["loss"] == record["sliding_loss"] and record["targets"] > 0
+        assert list(record["buckets"]) == [f"1-{length}"]
+
+
 def test_fused_attention_restores_each_layers_path():
     model = small_model()
     for block in model.blocks:
