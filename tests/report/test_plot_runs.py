@@ -631,3 +631,81 @@ def test_how_a_run_was_executed_is_not_a_setting(tmp_path, tables_only):
     assert "threads" not in text and "resume" not in text
     header = (out / "runs.csv").read_text().splitlines()[0].split(",")
     assert "trainer.threads" not in header and "trainer.resume" not in header
+
+
+# Five arms that differ in several keys at once: sqrt_dk and none at their defaults, and three
+# that fold sqrt_dk's scale into W_q and W_k's init and LR, each at two gradient clips.
+AGAINST_ARMS = {("sqrt_dk", "null", "1.0"): 2.00, ("none", "null", "1.0"): 2.30,
+                ("none", "0.05", "0.5"): 2.02, ("none", "0.05", "1.0"): 2.10,
+                ("none", "0.01", "0.5"): 2.20}
+
+
+@pytest.fixture(scope="module")
+def against_sweep(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("against")
+    for (scaling, std, mult), loss in AGAINST_ARMS.items():
+        for clip in ("1.0", "0.5"):
+            for seed in (1, 2, 3):
+                final = loss + 0.01 * seed + (0.05 if clip == "0.5" else 0.0)
+                overrides = [f"scaling={scaling}", f"model.qk_init_std={std}",
+                             f"optim.qk_lr_mult={mult}", f"optim.grad_clip={clip}",
+                             f"trainer.seed={seed}"]
+                make_run(sweep, overrides, [INIT, 3.0, final + 0.1], full=final)
+    return sweep
+
+
+def test_against_pairs_every_arm_with_a_reference_setting_at_the_same_other_keys(
+        against_sweep, tmp_path, tables_only):
+    out = tmp_path / "out"
+    reference = "scaling=sqrt_dk,model.qk_init_std=null,optim.qk_lr_mult=1.0"
+    assert report_in_process(against_sweep, "--out", out, "--against", reference,
+                             "--against", reference.replace("sqrt_dk", "none")) == 0
+    text = (out / "results.md").read_text()
+    part = text.split("## Paired differences against `sqrt_dk, model.qk_init_std=default,"
+                      " optim.qk_lr_mult=1`")[1].split("## ")[0]
+    table = part.split("The same pairs on log loss")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| model.qk_init_std=")]
+    assert len(rows) == 4 * 2   # the four other arms, at each grad clip
+    row = table_row(part, "model.qk_init_std=0.05, optim.grad_clip=0.5, optim.qk_lr_mult=0.5")
+    # the arm and sqrt_dk at clip 0.5, seed by seed: 2.02 + 0.05 - (2.00 + 0.05) = 0.02 each
+    assert row[1:3] == ["none", "3"] and row[3].startswith("0.0200 ± 0.0000")
+    assert "Family: 8 paired t-tests" in part
+    second = text.split("## Paired differences against `none, model")[1].split("## ")[0]
+    assert len(table_row(second, "model.qk_init_std=0.05, optim.grad_clip=1,"
+                                 " optim.qk_lr_mult=0.5", "none")) == 7
+    assert table_row(second, "model.qk_init_std=default, optim.grad_clip=1,"
+                             " optim.qk_lr_mult=1", "sqrt_dk")[3].startswith("-0.3000")
+    assert "| model.qk_init_std=default, optim.grad_clip=1, optim.qk_lr_mult=1 | none |" \
+        not in second   # the reference itself has no row
+
+
+def test_against_refuses_a_value_no_run_has(against_sweep, tmp_path, capsys, tables_only):
+    assert report_in_process(against_sweep, "--out", tmp_path / "o", "--against",
+                             "scaling=sqrt_dk,optim.qk_lr_mult=3") == 2
+    assert "optim.qk_lr_mult takes the values 0.5, 1 in these runs" in capsys.readouterr().err
+
+
+def test_losses_many_times_apart_read_the_paired_test_of_log_loss(tmp_path, tables_only):
+    """none's losses 300 to 3000 times sqrt_dk's: the difference test is not resolved
+    (p 0.27), the log test is (p 0.014), and the table says which verdict it reads."""
+    sweep = tmp_path / "far"
+    for seed, (base, other) in enumerate(((1e-4, 0.3), (2e-4, 0.06), (1e-4, 0.03)), start=1):
+        for scaling, final in (("sqrt_dk", base), ("none", other)):
+            make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"],
+                     [INIT, 3.0, final + 0.1], full=final)
+    assert report_in_process(sweep, "--out", tmp_path / "out") == 0
+    text = (tmp_path / "out" / "results.md").read_text()
+    differences = [0.3 - 1e-4, 0.06 - 2e-4, 0.03 - 1e-4]
+    logs = [math.log(0.3 / 1e-4), math.log(0.06 / 2e-4), math.log(0.03 / 1e-4)]
+    row = table_row(text, "all", "none")
+    assert float(row[4]) == pytest.approx(ttest_rel(differences, [0, 0, 0]).pvalue, rel=1e-3)
+    assert float(row[4]) > 0.05
+    assert row[6] == "higher than sqrt_dk (log loss test: more than 2x apart)"
+    log_part = text.split("The same pairs on log loss")[1]
+    ratio = table_row(log_part, "all", "none")
+    half = T975[3] * np.std(logs, ddof=1) / math.sqrt(3)
+    mean = np.mean(logs)
+    assert ratio[3] == (f"{math.exp(mean):.4g} ({math.exp(mean - half):.4g} to"
+                        f" {math.exp(mean + half):.4g})")
+    assert float(ratio[4]) == pytest.approx(ttest_rel(logs, [0, 0, 0]).pvalue, rel=5e-3)
+    assert ratio[6] == "higher than sqrt_dk"
