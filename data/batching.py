@@ -100,12 +100,16 @@ class Batcher:
     packing = "concat"
 
     def __init__(self, tokens, shape: BatchShape, seed: int):
-        if len(tokens) < shape.block_size + 1:
-            raise DataError(f"The split has {len(tokens)} tokens, shorter than one block of "
-                            f"block_size + 1 = {shape.block_size + 1}; use a smaller block_size "
-                            "or a larger corpus.")
         self.tokens, self.block_size, self.batch_size = tokens, shape.block_size, shape.batch_size
         self.seed, self.rows, self.step = seed, shape.rows, 0   # rows: this rank's of the batch
+        self.check()
+
+    def check(self) -> None:
+        """DataError unless the split holds one row."""
+        if len(self.tokens) < self.block_size + 1:
+            raise DataError(f"The split has {len(self.tokens)} tokens, shorter than one block of "
+                            f"block_size + 1 = {self.block_size + 1}; use a smaller block_size "
+                            "or a larger corpus.")
 
     def next(self) -> Batch:
         starts, lengths = self.global_rows(self.step)

@@ -17,14 +17,16 @@ class PaddedBatcher(Batcher):
     packing = "pad"
 
     def __init__(self, tokens, docs, shape: BatchShape, pad_id: int, seed: int):
-        self.tokens, self.block_size, self.batch_size = tokens, shape.block_size, shape.batch_size
-        self.seed, self.rows, self.step = seed, shape.rows, 0   # rows: this rank's of the batch
         self.pad_id = pad_id
         self.pieces = doc_pieces(docs, len(tokens), shape.block_size)
+        self._epoch, self._order = -1, np.arange(0)   # the cached permutation of one epoch
+        super().__init__(tokens, shape, seed)
+
+    def check(self) -> None:
+        """DataError unless some document holds one padded row (2 tokens)."""
         if len(self.pieces) == 0:
             raise DataError(f"No document has the 2 tokens one padded row needs; the split "
-                            f"({len(tokens)} tokens) is too short for packing=pad.")
-        self._epoch, self._order = -1, np.arange(0)   # the cached permutation of one epoch
+                            f"({len(self.tokens)} tokens) is too short for packing=pad.")
 
     def global_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(start, length) of each of the B rows of global batch `step`."""

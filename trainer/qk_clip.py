@@ -98,7 +98,3 @@ def clip(model: torch.nn.Module, tau: float) -> None:
         attn.qk_clip_count += over.long()
         attn.max_logit = torch.full_like(step_max, -math.inf)
 
-
-def counts(model: torch.nn.Module) -> list[list[int]]:
-    """Clips so far per head, [[per head] per layer]: the eval record's qk_clip_count."""
-    return [block.attn.qk_clip_count.tolist() for block in model.blocks]

@@ -17,16 +17,11 @@ import numpy as np
 import torch
 from hydra.utils import to_absolute_path
 
-from data.config import DataConfig
-from model.config import GPTConfig, ParamConfig, ScalingConfig
 from model.errors import UserError
 from trainer.build import Progress, Run
 from trainer.checkpoint import CheckpointError, read
 from trainer.files import display_path
-from trainer.schema import LoggerConfig, OptimConfig, TrainerConfig, flat
-
-SCHEMA = {"model": GPTConfig, "data": DataConfig, "scaling": ScalingConfig,
-          "param": ParamConfig, "optim": OptimConfig, "trainer": TrainerConfig}
+from trainer.schema import GROUPS, LoggerConfig, flat
 
 # Settings that may differ between a checkpoint and the run resuming from it: how long to
 # train, how often to look, where and how fast to compute, what to sample at the end, where the
@@ -136,7 +131,7 @@ def schema_default(key: str):
     value where the key has none. A key that a checkpoint's config lacks was added to the
     schema after it was written; at its default it changes nothing, so the run resumes."""
     group, _, name = key.partition(".")
-    cls = SCHEMA.get(group)
+    cls = GROUPS.get(group)
     for f in fields(cls) if cls is not None else ():
         if f.name == name:
             return f.default if f.default is not MISSING else f.default_factory()

@@ -173,14 +173,16 @@ def flat(config: dict, prefix: str = "") -> dict:
     return out
 
 
+# Each top-level config group and the dataclass that types and validates it.
+GROUPS = {"model": GPTConfig, "data": DataConfig, "scaling": ScalingConfig, "param": ParamConfig,
+          "optim": OptimConfig, "trainer": TrainerConfig, "logger": LoggerConfig}
+
+
 def register_configs() -> None:
     """Store the schema `config_schema` that configs/config.yaml lists first in its defaults."""
     # vocab_size comes from the tokenizer; scaling and param are groups at the top level.
-    groups = {"model": hydra_schema(GPTConfig, exclude=("vocab_size", "scaling", "param")),
-              "data": hydra_schema(DataConfig), "scaling": hydra_schema(ScalingConfig),
-              "param": hydra_schema(ParamConfig),
-              "optim": hydra_schema(OptimConfig), "trainer": hydra_schema(TrainerConfig),
-              "logger": hydra_schema(LoggerConfig)}
+    groups = {name: hydra_schema(cls, exclude=("vocab_size", "scaling", "param")
+                                 if name == "model" else ()) for name, cls in GROUPS.items()}
     config = dataclasses.make_dataclass(
         "Config", [(name, schema, field(default_factory=schema))
                    for name, schema in groups.items()])

@@ -98,7 +98,7 @@ def test_a_clipped_head_ends_at_tau_and_the_others_are_untouched():
     after = max_logits_by_hand(model, batch().idx)
     assert after[0].item() == pytest.approx(TAU, rel=1e-4)
     assert after[1].item() == pytest.approx(expected[1].item(), rel=1e-6)
-    assert qk_clip.counts(model) == [[1, 0]]
+    assert [block.attn.qk_clip_count.tolist() for block in model.blocks] == [[1, 0]]
 
 
 def test_the_max_is_the_step_forwards_own_and_evaluation_does_not_touch_it():
