@@ -2,7 +2,8 @@
 
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
                                 [--baseline sqrt_dk] [--pair KEY=VALUE ...] [--one-control]
-                                [--heads RUN_DIR] [--heads-seed SEED]
+                                [--against KEY=VALUE,KEY=VALUE,... ...]
+                                [--heads RUN ...] [--heads-seed SEED]
                                 [--select-seeds 1,2 | --report-seeds 3,4,5]
                                 [--select-from STAGE1/runs.csv]
     python scripts/plot_runs.py --from-csv DIR/runs.csv --out DIR2 [same options]
@@ -11,59 +12,17 @@
 SWEEP_DIR is one preset run (multirun/<preset>/<time>/, one folder per job) or a single run
 folder. Only the folders named are read: name several to pool sweeps on purpose. --from-csv
 reads the runs of a report's runs.csv (and the curves.jsonl beside it) instead of their
-folders, alone or pooled with sweep folders: a sweep run in stages on machines whose run
-folders are gone is reported from each earlier stage's committed files plus the last stage's
-folders. Writes:
+folders, alone or pooled with sweep folders. The report reads runs, builds tables and draws
+figures; what a study varies comes from its runs' keys and the options, never from its name:
 
-- DIR/results.md        the tables of scripts/report/tables.py (also printed): final losses
-                        with the failed runs counted and left out, for data=recall runs the
-                        steps to 0.9 validation accuracy, the runs that never got there and
-                        the final accuracy, paired differences against the baseline scale
-                        (and against KEY=VALUE of each --pair; with --one-control against
-                        all of them as one control) as Holm families, one a table, attention
-                        statistics, the LR analysis of an LR sweep
-- DIR/runs.csv          one row per run: its folder, swept keys and final numbers
-                        (scripts/report/runs_csv.py); --from-csv rebuilds the tables and the
-                        LR figure from it alone
-- DIR/curves.jsonl      the records the step-curve figures draw, one line per run
-                        (scripts/report/curves.py); with it --from-csv draws every figure.
-                        Both files are written when sweep folders were read
-- DIR/loss_curves.png   val loss vs step, one panel per setting (per scale when the sweep
-                        varies only the scale)
-- DIR/accuracy_curves.png  data=recall runs: val accuracy vs step, panels as loss_curves.png,
-                        with the solved threshold (0.9) and chance (1/data.num_values)
-- DIR/loss_vs_baseline.png  the same, minus the baseline scale's loss at the same seed
-- DIR/diagnostics.png   attention entropy, saturated rows, scaled and raw max logit, raw
-                        Var(q.k)/d_head vs step (one column per setting)
-- DIR/qk_grad_norms.png q and k projection gradient norms vs step
-- DIR/lr_transfer.png   when the runs vary optim.lr: loss vs LR per setting, the best LR vs
-                        the setting, and each scale's loss at its chosen LR (held-out seeds)
-- DIR/lr_stability.png  an LR grid (not a stage read with --select-from) whose runs record
-                        per-head statistics and where some arm ran more than one LR: each arm's loss
-                        vs LR in one panel, and its largest attention logit and most one-hot
-                        head's normalised entropy vs step at its highest stable and first
-                        failing LR, or its best LR and the grid's top where no run failed
-                        (scripts/report/stability_figure.py)
-- DIR/width_transfer.png  an LR sweep that varies model.d_model: per cell, loss vs LR with a
-                        line per width, and each seed's optimal LR vs width; results.md's
-                        "## Width" gives the drift of the optimum per doubling of width and
-                        whether wider is better (scripts/report/width.py)
-- DIR/heads_<run>.png   with --heads RUN_DIR: that run's attention statistics per head (a
-                        panel per layer, a line per head), so the one head that saturates
-                        shows; with --heads-seed SEED: the same for the run of that seed in
-                        every group of the curves (one run per cell of a sweep)
+- DIR/results.md     the tables of scripts/report/tables.py (also printed), the figures drawn
+- DIR/runs.csv       one row per run (scripts/report/runs_csv.py), and DIR/curves.jsonl, the
+                     records the step curves draw (scripts/report/curves.py); written when
+                     sweep folders were read
+- DIR/*.png          the figures of docs/report.md ("The figures and what they promise"),
+                     each kept to the contract of scripts/report/style.py
 
-The n-gram reference levels of the runs' corpus (scripts/report/ngram.py, cached by
-scripts/baselines.py) are printed above every table and drawn as dotted lines in the loss
-figures; runs without a shared .hydra/config.yaml, and data=recall runs (generated, no
-corpus), get a note instead.
-
-A line is the mean over a group's seeds; its band is the 95% Student-t interval of that mean,
-drawn only where n >= 2. In an LR sweep a scale's loss "at its own best LR" is read on seeds
-that did not choose that LR: by default each seed at the LR best on the other seeds; with
---select-seeds / --report-seeds a split of the seeds; with --select-from the LR chosen on an
-earlier stage's runs.csv. The curves show the runs so read. Reading and grouping live in
-scripts/report/runs.py, statistics in scripts/report/stats.py.
+docs/report.md says what every table and figure means.
 """
 
 from __future__ import annotations
@@ -220,7 +179,8 @@ def pick_runs(item: str, runs: list) -> tuple[list, str]:
     wanted = [part.partition("=") for part in item.split(",")]
     if not all(sep for _, sep, _ in wanted):
         return [], f"--heads {item}: give a run folder or KEY=VALUE,... of one run"
-    chosen = [r for r in runs if all((r.seed if k == "trainer.seed" else r.setting(k))
+    value = {"trainer.seed": lambda r: r.seed, "scaling": lambda r: r.variant}
+    chosen = [r for r in runs if all(value.get(k, lambda r, k=k: r.setting(k))(r)
                                      == canonical(v) for k, _, v in wanted)]
     return chosen, "" if chosen else f"--heads {item}: no run has these settings"
 
@@ -356,21 +316,26 @@ def chosen_curves(lr_runs: list, reading) -> tuple[dict, str, list[str]]:
     held = st.held_out(lr_runs, reading.which, reading.plan)
     if not reading.plan.leave_one_out:
         curves = {key: h["runs"] for key, h in held.items() if h["runs"]}
-        return curves, "; each arm at the LR chosen on other seeds, these seeds held out", []
+        return curves, (f"; each arm at the LR chosen on other seeds, {seeds_of(lr_runs)} held"
+                        " out"), []
     by_key = group_runs(lr_runs, drop=(LR_KEY,))
     curves = {key: [r for r in by_key[key] if r.lr == h["best"]["lr"]]
               for key, h in held.items() if h["best"]}
-    seeds = sorted({r.seed for r in lr_runs}, key=lambda s: (len(str(s)), str(s)))
     why = [] if curves else [f"no best LR (no run has {st.LOSSES[reading.which][0]}): curves"
                              " not drawn"]
-    return curves, (f"; each arm at its best LR on seeds {', '.join(map(str, seeds))}, the"
-                    " seeds that chose it (not held out)"), why
+    return curves, (f"; each arm at its best LR on {seeds_of(lr_runs)}, the seeds that chose"
+                    " it (not held out)"), why
+
+
+def seeds_of(runs: list) -> str:
+    seeds = sorted({str(r.seed) for r in runs}, key=lambda s: (len(s), s))
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
 
 
 def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], list[str]]:
     """Draws the figures of the runs into args.out: (notes on what was not drawn, the files)."""
     curves, seeds, notes = (chosen_curves(lr_runs, reading) if lr_runs
-                            else (group_runs(runs), "", []))
+                            else (group_runs(runs), f"; {seeds_of(runs)}", []))
     keys = group_runs(runs, drop=(LR_KEY,))
     frame = Frame(Arms.of(keys), Arms.of(keys).looks(keys), seeds, reading.levels,
                   args.baseline)

@@ -71,10 +71,10 @@ def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
                ylabel=f"{st.loss_name(which, lr_runs)}\n(clipped at the loss at init)")
         ax.title.set_fontsize(9)
         ax.yaxis.label.set_fontsize(9)
-        ax.grid(alpha=0.3, which="both")
+        ax.grid(alpha=0.3)
     return style.finish(fig, "Final loss against learning rate, every seed of the sweep (the"
-                        f" seeds that choose each LR); {style.seeds_text(ns, 'point')}, bars cut"
-                        " at 0 and the loss at init; x: a run failed")
+                        f" seeds that choose each LR); {style.seeds_text(ns, 'point')} (bars cut"
+                        " at 0 and the loss at init); x: a run failed")
 
 
 def seed_order(run: RunRecord):

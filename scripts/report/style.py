@@ -119,7 +119,7 @@ def seeds_text(ns, what: str = "line") -> str:
     ns = sorted(set(ns))
     span = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
     if ns[-1] < MIN_BAND_N:
-        return f"n = {span} seeds per {what}, no intervals"
+        return f"n = {span} seed{'s' if ns[-1] > 1 else ''} per {what}, no intervals"
     small = f" (n = {ns[0]}: no intervals)" if ns[0] < MIN_BAND_N else ""
     return f"mean of n = {span} seeds per {what}, 95% t interval where n >= {MIN_BAND_N}{small}"
 

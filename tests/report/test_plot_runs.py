@@ -296,7 +296,7 @@ def test_bars_are_intervals_of_three_seeds_or_more_cut_to_the_range():
 
 
 def test_seeds_text_states_n_and_says_no_intervals_below_three():
-    assert style.seeds_text([1]) == "n = 1 seeds per line, no intervals"
+    assert style.seeds_text([1]) == "n = 1 seed per line, no intervals"
     assert style.seeds_text([2, 2]) == "n = 2 seeds per line, no intervals"
     assert style.seeds_text([3]).startswith("mean of n = 3 seeds per line, 95% t interval")
     assert "n = 2-3" in style.seeds_text([2, 3]) and "(n = 2: no intervals)" in \
@@ -611,7 +611,7 @@ def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp
     lr_part = text.split("## Learning rate")[1]
     assert table_row(lr_part, "scaling=sqrt_dk")[2] == "0.002 (grid edge)"
     assert table_row(lr_part, "scaling=none")[2] == "0.001 (grid edge)"
-    assert "each arm at its best LR on seeds 101, the seeds that chose it (not held out)" in \
+    assert "each arm at its best LR on seed 101, the seeds that chose it (not held out)" in \
         titles["loss_curves.png"]
     assert "lr_transfer.png" in titles
 
