@@ -16,13 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-from data.prepare import prepare  # noqa: E402
-from scripts.prepare_data import load_config, readable_errors  # noqa: E402
-from scripts.report import ngram  # noqa: E402
+from data.prepare import prepare
+from scripts.common import load_config, readable_errors
+from scripts.report import ngram
 
 
 def describe(result: dict, path: Path, reused: bool) -> str:

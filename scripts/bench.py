@@ -61,23 +61,17 @@ from typing import Optional
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from data.batching import Batcher, BatchShape  # noqa: E402
-from model.attention import MultiHeadAttention  # noqa: E402
-from model.config import SCALINGS, GPTConfig, ScalingConfig  # noqa: E402
-from model.gpt import GPT  # noqa: E402
-from trainer.build import autocast_dtype, build, pick_device, precision_name  # noqa: E402
-from trainer.run_dir import cpu_name  # noqa: E402
-from trainer.schema import register_configs  # noqa: E402
-from trainer.step import to_device, train_step  # noqa: E402
+from data.batching import Batcher, BatchShape
+from model.attention import MultiHeadAttention
+from model.config import SCALINGS, GPTConfig, ScalingConfig
+from model.gpt import GPT
+from scripts.common import ROOT, compose_config, interleave, median_ms, sync, timed
+from trainer.build import autocast_dtype, build, pick_device, precision_name
+from trainer.run_dir import cpu_name
+from trainer.step import to_device, train_step
 
 SHAKESPEARE_TRAIN_TOKENS = 4_567_669  # the char-level Shakespeare train split (token cache)
 
@@ -109,39 +103,6 @@ CONFIGS = {
 
 
 # ---------------------------------------------------------------- timing and memory helpers
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds one call of fn takes, device work included."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
-
-
-def interleave(cases: dict[str, Callable[[], object]], rounds: int, per_round: int,
-               device: torch.device,
-               before_round: Optional[Callable[[], object]] = None) -> dict[str, list[float]]:
-    """Time every case per_round times in each round, rotating the order; seconds per call.
-
-    before_round, untimed, starts every round: a process that times itself (nanoGPT's train.py)
-    then takes turns with the cases, so that a burst of load reaches it too.
-    """
-    names = list(cases)
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        if before_round is not None:
-            before_round()
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            times[name].extend(timed(cases[name], device) for _ in range(per_round))
-    return times
-
 
 def peak_memory(calls: dict[str, Callable[[], object]], device: torch.device) -> dict[str, int]:
     """Per call: most bytes held at once during one run of it, beyond what existed before it."""
@@ -178,10 +139,6 @@ def flops_per_token(model: GPT, seq_len: int) -> float:
     cfg = model.config
     n_matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     return float(6 * n_matmul + 12 * cfg.n_layer * cfg.n_head * cfg.d_head * seq_len)
-
-
-def median_ms(seconds: list[float]) -> float:
-    return 1e3 * statistics.median(seconds)
 
 
 # ---------------------------------------------------------------- environment and peak rate
@@ -296,14 +253,6 @@ def corpus(folder: Path, n_chars: int, vocab_size: int, seed: int = 0) -> list[s
             f"data.train_files=[{folder}/train-{vocab_size}-{n_chars}.txt]",
             f"data.val_files=[{folder}/val-{vocab_size}-{n_chars}.txt]",
             f"data.cache_dir={folder}/cache"]
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The config `python train.py <overrides>` would run."""
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
-        return compose("config", overrides=overrides)
 
 
 class StepCase:

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
-from pathlib import Path
 from typing import Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts.bench import compose_config, interleave, median_ms  # noqa: E402
-from trainer.build import build  # noqa: E402
-from trainer.step import train_step  # noqa: E402
+from scripts.common import compose_config, interleave, median_ms
+from trainer.build import build
+from trainer.step import train_step
 
 CASES = {"plain": [], "qk_clip": ["optim.qk_clip=1"], "z_loss": ["trainer.z_loss=1e-4"]}
 

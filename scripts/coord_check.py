@@ -31,22 +31,19 @@ the figure, the measured time and what the check can and cannot tell.
 
 import argparse
 import csv
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from model.config import GPTConfig, ParamConfig, ScalingConfig  # noqa: E402
-from model.gpt import GPT  # noqa: E402
-from trainer.build import make_optimizer  # noqa: E402
-from trainer.schema import OptimConfig  # noqa: E402
+from model.config import GPTConfig, ParamConfig, ScalingConfig
+from model.gpt import GPT
+from trainer.build import make_optimizer
+from trainer.schema import OptimConfig
 
 ARMS = (("sp", "sqrt_dk"), ("sp", "dk"), ("mup", "sqrt_dk"), ("mup", "dk"))  # (param, scaling)
 WIDTHS = (64, 128, 256, 512, 1024)

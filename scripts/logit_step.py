@@ -32,15 +32,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from model.config import SATURATION_THRESHOLD  # noqa: E402
-from scripts.bench import compose_config  # noqa: E402
-from scripts.prepare_data import readable_errors  # noqa: E402
-from scripts.report.stats import common_seeds, holm, mean_interval, paired_p  # noqa: E402
-from trainer.build import build  # noqa: E402
-from trainer.step import train_step  # noqa: E402
+from model.config import SATURATION_THRESHOLD
+from scripts.common import compose_config, readable_errors
+from scripts.report.stats import common_seeds, holm, mean_interval, paired_p
+from trainer.build import build
+from trainer.step import train_step
 
 DEFAULT_OVERRIDES = ["experiment=scaling_ablation", "optim.lr=4e-3"]
 BASELINE = "sqrt_dk"   # every other scale's step is compared with this one's

@@ -13,28 +13,9 @@ cache is built, a progress bar shows the bytes read and MB/s.
 
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.errors import HydraException  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from data.config import DataConfig  # noqa: E402
-from data.prepare import prepare  # noqa: E402
-from model.errors import UserError  # noqa: E402
-from trainer.schema import register_configs  # noqa: E402
-
-
-def load_config(overrides: list[str]) -> DataConfig:
-    """The DataConfig `python train.py <overrides>` would use."""
-    register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
-        cfg = compose(config_name="config", overrides=overrides)
-    return DataConfig(**OmegaConf.to_container(cfg.data, resolve=True))
+from data.prepare import prepare
+from scripts.common import load_config, readable_errors
 
 
 def report(data, seconds: float) -> str:
@@ -54,16 +35,6 @@ def report(data, seconds: float) -> str:
         lines.append(f"{split:6} {s['documents']:>10,} {s['characters']:>14,} {s['bytes']:>14,} "
                      f"{s['tokens']:>14,} {len(s['shards']):>7} {s['bytes_per_token']:>12.4f}")
     return "\n".join(lines)
-
-
-def readable_errors(command) -> int:
-    """Run command(); a bad override, config or corpus becomes one error paragraph and exit 2."""
-    try:
-        command()
-    except (HydraException, OmegaConfBaseException, UserError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    return 0
 
 
 def main(argv: list[str]) -> int:

@@ -16,16 +16,13 @@ from typing import Optional
 import torch
 from tokenizers import Tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from data.tokenizer import encode  # noqa: E402
-from model.config import GPTConfig  # noqa: E402
-from model.errors import UserError  # noqa: E402
-from model.gpt import GPT  # noqa: E402
-from trainer import checkpoint  # noqa: E402
-from trainer.build import choose_threads  # noqa: E402
-from trainer.checkpoint import CheckpointError  # noqa: E402
+from data.tokenizer import encode
+from model.config import GPTConfig
+from model.errors import UserError
+from model.gpt import GPT
+from trainer import checkpoint
+from trainer.build import choose_threads
+from trainer.checkpoint import CheckpointError
 
 
 def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, int]:

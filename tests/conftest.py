@@ -603,7 +603,7 @@ should do this.
 @pytest.fixture
 def english(tmp_path):
     """A DataConfig of the English text above (data=text, char), cached under tmp_path."""
-    from scripts.prepare_data import load_config
+    from scripts.common import load_config
     (tmp_path / "train.txt").write_text(ENGLISH_TRAIN)
     (tmp_path / "val.txt").write_text(ENGLISH_VAL)
     return load_config(["data=text", f"data.train_files=[{tmp_path}/train.txt]",

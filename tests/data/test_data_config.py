@@ -10,7 +10,7 @@ import yaml
 from data.config import DataConfig
 from model.errors import DataError
 from scripts import baselines, prepare_data
-from scripts.prepare_data import load_config
+from scripts.common import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs" / "data").glob("*.yaml"))

@@ -14,7 +14,7 @@ import torch
 
 from model.config import SCALINGS, GPTConfig
 from model.gpt import GPT
-from scripts import bench
+from scripts import bench, common
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
@@ -128,7 +128,7 @@ def test_bench_corpus_has_exactly_the_requested_vocabulary(tmp_path, vocab_size)
     from data.prepare import prepare
 
     n_chars = max(2_000, vocab_size + 1_000)  # every character at least once
-    cfg = bench.compose_config(bench.corpus(tmp_path, n_chars, vocab_size))
+    cfg = common.compose_config(bench.corpus(tmp_path, n_chars, vocab_size))
     data = prepare(DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)))
     assert data.vocab_size == vocab_size
     assert len(data.train) > n_chars and int(data.train[:].max()) < vocab_size
@@ -137,7 +137,7 @@ def test_bench_corpus_has_exactly_the_requested_vocabulary(tmp_path, vocab_size)
 def test_interleave_rotates_the_order_and_times_every_call():
     order = []
     cases = {name: (lambda name=name: order.append(name)) for name in "abc"}
-    times = bench.interleave(cases, rounds=3, per_round=2, device=torch.device("cpu"))
+    times = common.interleave(cases, rounds=3, per_round=2, device=torch.device("cpu"))
     assert order == list("aabbcc" "bbccaa" "ccaabb")
     assert {k: len(v) for k, v in times.items()} == {"a": 6, "b": 6, "c": 6}
     assert all(t >= 0 for v in times.values() for t in v)
@@ -146,7 +146,7 @@ def test_interleave_rotates_the_order_and_times_every_call():
 def test_interleave_runs_before_round_untimed_at_the_start_of_every_round():
     order = []
     cases = {name: (lambda name=name: order.append(name)) for name in "ab"}
-    times = bench.interleave(cases, rounds=2, per_round=1, device=torch.device("cpu"),
+    times = common.interleave(cases, rounds=2, per_round=1, device=torch.device("cpu"),
                              before_round=lambda: order.append("|"))
     assert order == list("|ab" "|ba")
     assert {k: len(v) for k, v in times.items()} == {"a": 2, "b": 2}
