@@ -235,6 +235,15 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
     "trigram": ...}) that judge failed runs; None: a runs.csv's own, else the cached levels of
     the runs' corpus (scripts/report/ngram.py); without any, only the non-finite and step-0
     rules apply."""
+    args = command_line().parse_args(argv)
+    try:
+        return report(args, levels)
+    except UserError as e:
+        print(f"plot_runs: {e}", file=sys.stderr)
+        return 2
+
+
+def command_line() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweeps", nargs="*", type=Path, help="sweep or run folders to read")
     parser.add_argument("--out", type=Path, required=True, help="folder for figures and tables")
@@ -270,12 +279,7 @@ def main(argv=None, levels: Optional[dict] = None) -> int:
     parser.add_argument("--heads-seed", metavar="SEED",
                         help="also draw the per-head statistics of the run of this seed in"
                         " every group (one run per cell; in an LR sweep, at the chosen LR)")
-    args = parser.parse_args(argv)
-    try:
-        return report(args, levels)
-    except UserError as e:
-        print(f"plot_runs: {e}", file=sys.stderr)
-        return 2
+    return parser
 
 
 def report(args, levels: Optional[dict]) -> int:

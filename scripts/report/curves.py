@@ -1,23 +1,8 @@
-"""curves.jsonl: the records the step-curve figures draw, written beside runs.csv, so that
-`plot_runs.py --from-csv` draws every figure without the run folders, and a sweep run in
-stages on different machines (whose run folders do not outlive a session) can still be
-reported as a whole.
-
-One line per run, in runs.csv's order:
-
-    {"run": <runs.csv's run>, "settings": {...}, "evals": [...], "train": [...]}
-
-`settings` holds the config values the figures read besides the swept keys (the head width,
-block size and chance level; FIGURE_SETTINGS), as the run folder's run.json gives them.
-
-`evals` holds every eval record of the run's metrics.jsonl (without "kind"); `train` holds, of
-the train records that have them, the step and the q and k gradient norms (the only train
-fields a figure draws) as columns: {"step": [...], "q_grad_norm": [...], "k_grad_norm": [...]}.
-The first and the last eval record keep every digit: the attention-statistics tables and
-runs.csv's columns read them, so the tables rebuilt from runs.csv and curves.jsonl equal
-the sweep's digit for digit. Every other number is rounded to 6 significant digits, which
-keeps the file at about 60% of its size with every digit; a figure drawn from it differs from
-the one drawn from the run folders by at most a shade of a few pixels.
+"""curves.jsonl, beside runs.csv: the records the step-curve figures draw, so that --from-csv
+draws every figure without the run folders. One line per run, in runs.csv's order:
+{"run", "settings" (FIGURE_SETTINGS from run.json), "evals" (the eval records), "train" (the
+step and q and k gradient norms, as columns)}. The first and last eval record keep every digit
+(the tables read them); every other number is rounded to SIGNIFICANT digits (60% of the size).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The step-curve figures: a quantity of the evaluations against step, a panel per setting (the
-keys of a group besides its arm), a line per arm (style.Arms), and the per-head figure of one
-run. Every figure keeps the contract of scripts/report/style.py and returns its Figure.
-"""
+"""The step-curve figures (a quantity against step, a panel per setting, a line per arm) and
+the per-head figure of one run, each kept to scripts/report/style.py's contract."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ LOG_FIELDS = {"attn_max_logit", "attn_raw_max_logit", "attn_raw_var"}
 
 @dataclass(frozen=True)
 class Frame:
-    """What every figure of one report shares: its arms (and so their colours), the run set the
-    step curves show (`seeds`: which LR, which seeds), the reference levels, the baseline."""
+    """What every figure of a report shares: its arms and their looks, what the step curves'
+    run set is (`seeds`), the reference levels, the baseline."""
 
     arms: style.Arms
     looks: dict
@@ -41,8 +39,7 @@ def arm_label(frame: Frame, key: tuple, runs: list) -> str:
 
 
 def panel_grid(frame: Frame, groups: dict, rows: int = 0, height: float = 2.6):
-    """A figure of a panel per setting (three a row) or, with `rows`, a row per statistic and a
-    column per setting; and the settings in panel order."""
+    """A panel per setting, three a row (or `rows` rows, a column per setting); the settings."""
     settings = frame.arms.settings(groups)
     n_rows, n_cols = (rows, len(settings)) if rows else (math.ceil(len(settings) / 3),
                                                          min(len(settings), 3))
@@ -80,8 +77,8 @@ def panel_title(setting: tuple) -> str:
 
 
 def chance_loss(groups) -> dict[str, float]:
-    """{"chance ln N": ln N} when every run is a data=recall run of one chance accuracy 1/N:
-    the loss of a uniform guess among the N answers; {} otherwise."""
+    """{"chance ln N =": ln N}, a uniform guess's loss, where every run is a recall run of
+    chance accuracy 1/N; {} otherwise."""
     runs = [r for g in groups.values() for r in g]
     chance = {r.chance_accuracy for r in runs}
     if not runs or not all(r.recall for r in runs) or len(chance) != 1 or None in chance:
@@ -91,8 +88,7 @@ def chance_loss(groups) -> dict[str, float]:
 
 
 def plot_losses(frame: Frame, groups: dict):
-    """Validation loss on the sampled batches, all of training in view (log y where it spans
-    a decade or more); the n-gram levels, or a recall run's chance, as reference lines."""
+    """Validation loss, all of training in view (log y where it spans a decade or more)."""
     values = [v for runs in groups.values() for r in runs
               for v in eval_series(r, "val_loss", None)[1] if math.isfinite(v) and v > 0]
     log = bool(values) and max(values) >= 10 * min(values)
@@ -104,7 +100,6 @@ def plot_losses(frame: Frame, groups: dict):
 
 
 def plot_accuracy(frame: Frame, groups: dict):
-    """Validation accuracy of data=recall runs, with the solved threshold and chance."""
     groups = {k: [r for r in g if r.recall] for k, g in groups.items()}
     groups = {k: g for k, g in groups.items() if g}
     if not groups:
@@ -119,8 +114,7 @@ def plot_accuracy(frame: Frame, groups: dict):
 
 
 def plot_vs_baseline(frame: Frame, groups: dict):
-    """Each arm's sampled val loss minus the reference arm's (the baseline scale, no switch on)
-    at the same setting, seed and step; bands cut to what the losses allow."""
+    """Each arm's sampled val loss minus the baseline arm's at the same setting, seed, step."""
     reference = {frame.arms.setting(k): g for k, g in groups.items()
                  if frame.arms.name(k) == frame.baseline}
     top = max((v for g in groups.values() for r in g
@@ -146,8 +140,8 @@ def plot_vs_baseline(frame: Frame, groups: dict):
 
 
 def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str):
-    """A row per statistic (y label, series of a run, bounds, log y), a column per setting.
-    Values of 0 cannot be shown on a log row: they are left out, and the title says whose."""
+    """A row per statistic (y label, series of a run, bounds, log y), a column per setting;
+    a log row leaves out values of 0, and the title says whose."""
     fig, axes, settings = panel_grid(frame, groups, rows=len(rows), height=2.1)
     ns, zeros = [], {}
     for i, (ylabel, series_of, bounds, log) in enumerate(rows):
@@ -189,15 +183,14 @@ def mean(values: list) -> float:
 
 
 def entropy_ceiling(groups) -> float:
-    """ln(block_size): the entropy of uniform weights over the most keys a query sees."""
+    """ln(block_size), the most an entropy over the keys of a query can be."""
     blocks = [float(b) for g in groups.values() for r in g
               if (b := r.setting("model.block_size"))]
     return math.log(max(blocks)) if blocks else math.inf
 
 
 def fixed_scale(run) -> Optional[float]:
-    """The run's score scale s where it is one number for the whole run (sqrt_dk, none, dk,
-    constant); None for learned and qk_norm (learned factors) and uniform (0)."""
+    """The run's score scale s where it is fixed (not learned, qk_norm, uniform), else None."""
     d_head = run.setting("model.d_head")
     if d_head is None:
         d_model, n_head = run.setting("model.d_model"), run.setting("model.n_head")
@@ -211,9 +204,8 @@ def fixed_scale(run) -> Optional[float]:
 
 
 def per_logit(run, name: str) -> tuple[list, list]:
-    """A q or k gradient norm divided by the run's fixed scale s: dL/dW_q = s sum dL/dz k x^T
-    for the logits z = s q.k, so the quotient is the gradient per unit of logit. Empty where
-    s is not one number (fixed_scale)."""
+    """A q or k gradient norm / the fixed scale s: dL/dW_q = s sum dL/dz k x^T for logits
+    z = s q.k, so the quotient is the gradient per unit of logit."""
     scale = fixed_scale(run)
     if scale is None:
         return [], []
@@ -250,14 +242,13 @@ def head_series(run, key: str, layer: int, head: int) -> tuple[list, list]:
 
 
 def shows(values: list, log: bool) -> bool:
-    """Whether values hold one a panel can show: finite and not 0 (above 0 on a log axis)."""
+    """Whether a value is finite and not 0 (above 0 on a log axis)."""
     return any(math.isfinite(v) and (v > 0 if log else v != 0) for v in values)
 
 
 def plot_heads(run, name: str):
-    """Per-head attention statistics of one run: a row per statistic, a panel per layer, a
-    line per head. A statistic that is 0 or missing at every head gets no row (the title names
-    it); None when the run has no attn_heads."""
+    """One run's statistics per head: a row per statistic (none for one 0 or missing at every
+    head: the title names it), a panel per layer, a line per head; None without attn_heads."""
     last = next((e["attn_heads"] for e in reversed(run.evals) if "attn_heads" in e), None)
     if last is None:
         return None
@@ -282,8 +273,7 @@ def plot_heads(run, name: str):
 
 
 def head_panel(ax, run, row: tuple, where: tuple[int, int], T: Optional[int]) -> None:
-    """One layer's panel: a line per head; uniform attention's entropy and the saturated
-    share's floor 1/T as reference lines."""
+    """A layer's panel: a line per head, uniform attention's entropy and the floor 1/T."""
     (key, _, log), (layer, n_head) = row, where
     for head in range(n_head):
         steps, values = head_series(run, key, layer, head)
@@ -302,9 +292,8 @@ def head_panel(ax, run, row: tuple, where: tuple[int, int], T: Optional[int]) ->
 
 
 def hold_flat(ax, agree: float = 1e-4) -> None:
-    """A linear panel whose lines agree to `agree` of their value but not exactly (a constant,
-    such as uniform attention's entropy, read from curves.jsonl's rounded digits) gets the range
-    of an exactly constant line, 5.5% each side: autoscaled, the rounding would show as steps."""
+    """A panel whose lines agree to `agree` but not exactly (a constant read from curves.jsonl's
+    rounded digits) gets an exactly constant line's range, so the rounding shows no steps."""
     values = [v for line in ax.lines if line.get_transform() == ax.transData
               for v in line.get_ydata() if math.isfinite(v)]
     lo, hi = (min(values), max(values)) if values else (0.0, 0.0)

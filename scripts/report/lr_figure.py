@@ -1,9 +1,7 @@
-"""The learning-rate figures of an LR sweep. lr_transfer.png: each arm's clipped final loss
-against LR, a panel per setting, the points at the LRs run (drawn when some arm ran more than
-one LR). lr_stability.png: per arm, the largest attention logit and the normalised entropy of
-the most one-hot head against step, at the highest LR the arm survives and the first at which
-one of its runs failed (for an arm where none failed, at its best LR and the grid's top), one
-run per line: how Wortsman et al. 2023 read attention-logit growth.
+"""The figures of an LR sweep: lr_transfer.png, each arm's clipped final loss against LR (where
+an arm ran two LRs or more), and lr_stability.png, per arm the largest attention logit and the
+most one-hot head's normalised entropy against step at its highest stable and first failing LR
+(its best and the grid's top where none failed), as Wortsman et al. 2023 read logit growth.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Read the run folders of sweeps and group them: the reading half of the report script.
-
-A run folder is what train.py writes (trainer/run_dir.py): run.json (resolved config and
-overrides), metrics.jsonl (records of "kind" "train" and "eval"), summary.json (written when the
-run ends) and, for a job of a Hydra sweep, .hydra/overrides.yaml. Any folder holding one of
-these counts as a run; a run without summary.json is still running.
-
-Grouping: runs are grouped by the config keys whose values differ across the runs read, minus
-the seed; the seeds of a group are its repeats. The `scaling` key (the score scale, the
-"variant") is always the first part of a group's key.
+"""Read the run folders of sweeps and group them. A run folder is what train.py writes
+(trainer/run_dir.py): run.json, metrics.jsonl, summary.json (when the run ended: without it the
+run is still going) and, for a job of a Hydra sweep, .hydra/overrides.yaml. Runs group by the
+keys whose values differ across the runs read, minus the seed (the repeats); `scaling`, the
+score scale or "variant", is always the first part of a group's key.
 """
 
 from __future__ import annotations
@@ -246,9 +241,7 @@ def load_runs(roots: list[Path]) -> tuple[list[RunRecord], list[str]]:
     return runs, skipped
 
 
-# ---------------------------------------------------------------------------------------------
 # Grouping
-# ---------------------------------------------------------------------------------------------
 
 
 def is_seed_key(key: str) -> bool:
@@ -276,14 +269,9 @@ def setting_order(pairs) -> list:
     return [value_order(v) for _, v in pairs]
 
 
-def variant_rank(variant: str) -> int:
-    """Position in model.attention.SCALINGS, so that a scale keeps its colour and rank in every
-    table and figure (unknown variants after the known ones)."""
-    return SCALINGS.index(variant) if variant in SCALINGS else len(SCALINGS)
-
-
 def variant_order(variant: str):
-    return (variant_rank(variant), variant)
+    """A scale's place in model.config.SCALINGS (unknown ones after), for every table."""
+    return (SCALINGS.index(variant) if variant in SCALINGS else len(SCALINGS), variant)
 
 
 def group_runs(runs: list[RunRecord], drop: tuple = ()) -> dict[tuple, list[RunRecord]]:

@@ -1,32 +1,9 @@
-"""runs.csv: one row per run with every number the tables and the LR figure are made of, so
+"""runs.csv: one row per run with every number the tables and the LR figures are made of, so
 that a reader can recompute each interval, and so that `plot_runs.py --from-csv` rebuilds them.
-
-Columns, in order:
-
-- `run`: the run folder.
-- the swept keys, as Hydra spells them (`scaling`, `trainer.seed`, `optim.lr`, `model.d_head`,
-  ...): every key of any run's .hydra/overrides.yaml, `scaling` and `trainer.seed` always.
-  A value is the run's setting written canonically (run.json's value where the run did not
-  override the key); `null` is the default.
-- `final_val_loss_full`, `final_val_loss` (sampled), `init_val_loss` (the step-0 loss),
-  `failed` (true/false, stats.failure under the report's loss and reference levels),
-  `final_val_accuracy` (a recall run's, else empty), `steps_to_90` (a recall run's first eval
-  step with val_accuracy >= 0.9; empty when it never got there, and for other data),
-  `best_val_loss`, `diverged`, `finished` (false while the run is going: no summary.json),
-  `steps` (summary.json's), `tokens_per_sec`, `full_eval_targets` and
-  `full_eval_split_targets` (how many of the validation split's targets the whole-split loss
-  covered, and how many the split has: fewer under trainer.full_eval_tokens).
-- `first_eval_step`, `first_attn_*` and `last_eval_step`, `last_val_accuracy` (a recall run's,
-  else empty), `attn_*`: the attention statistics of the first and the last eval record,
-  combined over layers as the tables combine them (mean; max for the max logits).
-- `ref_unigram`, `ref_bigram`, `ref_trigram`: the n-gram reference levels (nats/token) the
-  failures were judged against, on every row; absent when the report had none.
-
-Numbers are written with Python's repr, which reads back to the same float, so the tables
-rebuilt from the CSV equal the tables of the sweep digit for digit. An empty cell is a missing
-value. `steps_to_90`, `last_val_accuracy` and the two target counts (OPTIONAL) may be absent
-from a runs.csv written before they existed; its runs then read as runs without accuracy, and
-without a count of targets.
+docs/report.md ("runs.csv and --from-csv") lists the columns. Numbers are written with Python's
+repr, which reads back to the same float, so the tables rebuilt from the CSV equal the sweep's
+digit for digit; an empty cell is a missing value. The OPTIONAL columns may be absent from a
+runs.csv written before they existed: its runs read as runs without accuracy or target counts.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Statistics of the report: 95% Student-t intervals, paired (same-seed) differences tested as
-a Holm family, which runs failed, and the learning-rate analyses of an LR sweep.
-
-Every number of a results table is a mean over seeds with its 95% interval and n. A claim that
-one scale beats another at a setting rests on the paired difference: the same seed gives both
-runs the same data order and (scale aside) the same initialisation, so the per-seed differences
-cancel what the seeds share. A table's paired differences are one family of tests: each gets
-the two-sided p of the paired t-test and Holm's adjusted p over the family (Holm 1979), and a
-difference is "resolved" only when its adjusted p is below 0.05, so that the chance of calling
-any difference of the table when none is real stays at most 5%.
+"""Statistics of the report: 95% Student-t intervals, paired (same-seed) tests as Holm
+families (Holm 1979: a difference is resolved only where its adjusted p is below 0.05), which
+runs failed, and the learning-rate analyses of an LR sweep (docs/report.md).
 """
 
 from __future__ import annotations
@@ -32,26 +25,21 @@ LOSSES = {  # --loss choice -> (summary field, what the tables call it)
 
 
 def subset_counts(runs: list[RunRecord]) -> list[tuple[int, int]]:
-    """(targets scored, targets in the split) of the runs whose whole-split loss covers only a
-    fixed subset of the split (trainer.full_eval_tokens), each pair once, sorted; empty where
-    every run scored the whole split or did not record it."""
+    """(targets scored, targets in the split) of the runs whose whole-split loss covers a fixed
+    subset of the split (trainer.full_eval_tokens), each pair once, sorted."""
     counts = {(r.summary_count("full_eval_targets"), r.summary_count("full_eval_split_targets"))
               for r in runs}
     return sorted(c for c in counts if None not in c and c[0] < c[1])
 
 
 def loss_name(which: str, runs: list[RunRecord]) -> str:
-    """What a figure calls the loss `which` of these runs: LOSSES's name, except that the
-    whole-split loss of runs that scored a fixed subset of the split (results.md's note gives
-    the counts) says so."""
+    """What a figure calls the loss `which` of these runs (a subset of the split says so)."""
     if which == "full" and subset_counts(runs):
         return "final val loss on a fixed\nsubset of the val split"
     return LOSSES[which][1]
 
 
-# ---------------------------------------------------------------------------------------------
 # Intervals, paired differences and their Holm family
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -69,9 +57,6 @@ class Interval:
     @property
     def hi(self) -> float:
         return self.mean + (self.half or 0.0)
-
-    def excludes_zero(self) -> bool:
-        return self.half is not None and (self.lo > 0 or self.hi < 0)
 
     def text(self, digits: int = 4) -> str:
         if self.half is None:
@@ -152,9 +137,8 @@ class Comparison:
 
 
 def identical(a: dict, b: dict) -> bool:
-    """Whether a and b are equal at each of at least two common seeds: the same runs read
-    twice (uniform attention at two q/k initialisations, which it never uses), one observation
-    and not two."""
+    """Whether a and b are equal at each of at least two common seeds: the same runs read twice
+    (uniform attention at two q/k initialisations, which it never uses)."""
     seeds = common_seeds(a, b)
     return len(seeds) >= 2 and all(a[s] == b[s] for s in seeds)   # one pair is untested anyway
 
@@ -192,9 +176,7 @@ def _finite(x) -> bool:
     return x is not None and math.isfinite(x)
 
 
-# ---------------------------------------------------------------------------------------------
 # Per-run numbers
-# ---------------------------------------------------------------------------------------------
 
 
 def final_loss(run: RunRecord, which: str) -> Optional[float]:
@@ -208,10 +190,8 @@ def final_loss(run: RunRecord, which: str) -> Optional[float]:
 
 
 def failure(run: RunRecord, which: str, levels: Optional[dict]) -> Optional[str]:
-    """Why the run failed, or None. A run fails when its loss is non-finite (diverged), or its
-    final loss of kind `which` is above the unigram reference level (levels["unigram"], nats
-    per token; the rule is skipped when levels is None) or above its own step-0 loss. A run
-    still going or without that loss is judged by the non-finite rule alone."""
+    """Why the run failed, or None (docs/report.md, "Failed runs"): a non-finite loss, or a
+    final loss above the unigram level (when levels are given) or above its step-0 loss."""
     if run.diverged:
         return "diverged (non-finite loss)"
     loss = final_loss(run, which)
@@ -235,9 +215,7 @@ def by_seed(runs: list[RunRecord], value: Callable[[RunRecord], Optional[float]]
     return out
 
 
-# ---------------------------------------------------------------------------------------------
 # Learning-rate sweeps
-# ---------------------------------------------------------------------------------------------
 
 
 def clipped_loss(run: RunRecord, which: str) -> Optional[float]:
@@ -262,8 +240,7 @@ def lr_table(runs: list[RunRecord], which: str) -> dict[float, dict]:
 
 def best_lr(table: dict[float, dict]) -> Optional[dict]:
     """The LR of lowest mean clipped loss, its interval, the LRs whose paired difference to it
-    is not resolved (Holm over the comparisons with it: the best LR is known only up to
-    those), and whether it lies at the edge of the grid (the optimum may lie beyond)."""
+    is not resolved (Holm over the comparisons with it), and whether it is at the grid's edge."""
     means = {lr: mean_interval(list(s.values())) for lr, s in table.items()}
     means = {lr: m for lr, m in means.items() if m is not None}
     if not means:
@@ -277,8 +254,7 @@ def best_lr(table: dict[float, dict]) -> Optional[dict]:
 
 
 def survives_up_to(runs: list[RunRecord], which: str, levels: Optional[dict]) -> Optional[float]:
-    """The largest LR of the group's grid at and below which no run failed (`failure`): the LR
-    it survives up to; None when its smallest LR already has a failed run."""
+    """The largest LR at and below which no run of the group failed; None if none."""
     failed = [r.lr for r in runs if failure(r, which, levels) is not None]
     safe = [r.lr for r in runs if not failed or r.lr < min(failed)]
     return max(safe) if safe else None
@@ -309,9 +285,7 @@ def sensitivity_by_seed(table: dict[float, dict]) -> dict:
 
 
 
-# ---------------------------------------------------------------------------------------------
 # A scale at its own best LR, without the winner's curse
-# ---------------------------------------------------------------------------------------------
 # The loss at the LR that minimised the mean loss over some seeds is biased low on those same
 # seeds (their noise helped pick it). So the LR is chosen on one set of seeds and its loss is
 # read on others: a split of the sweep's seeds, the runs of an earlier stage, or by default

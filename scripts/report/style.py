@@ -1,8 +1,6 @@
-"""The figure contract (docs/report.md, "What the figures promise"), written once: each arm's
-colour and marker, what an arm is, when a band is drawn and how far, what a title says about the
-seeds, and how a figure is finished (panels without data dropped, one legend outside the
-panels, a title that fits). Every figure of scripts/report/ draws through these helpers, and
-tests/report/test_figure_contract.py checks the result on every committed figure.
+"""The figure contract of docs/report.md, written once: what an arm is and its colour and
+marker, when a band is drawn and how far, what a title says of the seeds, and how a figure is
+finished (no empty panel, one legend outside the panels, a title that fits).
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scripts.report import stats as st
-from scripts.report.runs import VARIANT_KEY, label, setting_order
+from scripts.report.runs import VARIANT_KEY, setting_order
 
 # One colour, marker and dash pattern per scale; an arm that adds a switch to a scale (a bound
 # on the scores, say) takes the next of EXTRA, in the order of its name.
@@ -38,10 +36,8 @@ def palette(arms) -> dict[str, tuple]:
 
 @dataclass(frozen=True)
 class Arms:
-    """The arms of a report: a group's scale plus its switches, keys whose most common value
-    over the groups is the default (null or 0) and that some group turns on (scaling.softcap=50
-    on sqrt_dk is the arm "sqrt_dk, softcap=50"). A group's other keys are its setting, a
-    panel of the figures."""
+    """A group's arm is its scale plus its switches, keys whose most common value is the
+    default, null or 0 ("sqrt_dk, softcap=50"); its other keys are its setting (a panel)."""
 
     switches: dict   # key -> its most common value
 
@@ -73,9 +69,8 @@ def line_style(look: tuple) -> dict:
 
 
 def aggregate(series: list[tuple[list, list]], log: bool = False):
-    """Seeds' (steps, values) -> (steps, mean, band low, band high), the band NaN where fewer
-    than MIN_BAND_N seeds have a value; None without a value. log: positive values only, the
-    geometric mean and the interval of the mean log."""
+    """Seeds' (steps, values) -> (steps, mean, band low, band high), the band NaN below
+    MIN_BAND_N seeds; None without a value. log: the geometric mean, a band of the mean log."""
     steps = sorted({s for xs, _ in series for s in xs})
     index = {s: i for i, s in enumerate(steps)}
     grid = np.full((len(series), len(steps)), np.nan)   # (runs, steps)
@@ -105,8 +100,8 @@ def draw_mean(ax, agg, look: tuple, text: str, bounds=(-math.inf, math.inf)) -> 
 
 
 def bars(ivs, bounds=(0.0, math.inf)):
-    """errorbar's yerr: each 95% interval of MIN_BAND_N seeds or more, cut to `bounds`; 0
-    (no bar) below MIN_BAND_N; None where no point has a bar."""
+    """errorbar's yerr: 95% intervals of MIN_BAND_N seeds or more, cut to `bounds`; None
+    where no point has one."""
     half = [iv.half if iv.half is not None and iv.n >= MIN_BAND_N else 0.0 for iv in ivs]
     if not any(half):
         return None
@@ -140,8 +135,8 @@ def has_data(ax) -> bool:
 
 
 def finish(fig, title: str, handles: tuple = ()):
-    """Drops the panels without data, puts one legend below the panels (an entry per label, or
-    `handles`; as many a row as the width holds), writes the title and returns the figure."""
+    """Drops the panels without data, puts one legend (each label, or `handles`) below the
+    panels, writes the title; returns the figure."""
     for ax in [ax for ax in fig.axes if not has_data(ax)]:
         fig.delaxes(ax)
     entries = {h.get_label(): h for h in handles}
@@ -158,8 +153,7 @@ def finish(fig, title: str, handles: tuple = ()):
 
 
 def suptitle(fig, text: str, fontsize: float = 10) -> None:
-    """The title, each line wrapped at whole words to the figure's width: at an estimate of the
-    characters a line holds, then at fewer while the drawn title is wider than the figure."""
+    """The title, wrapped at whole words to the figure's width (narrower while it overflows)."""
     width = max(40, int(fig.get_figwidth() * 72 / (0.55 * fontsize)))
     renderer = fig.canvas.get_renderer()
     while True:
@@ -171,5 +165,3 @@ def suptitle(fig, text: str, fontsize: float = 10) -> None:
         width = int(width * 0.9)
 
 
-def panel_title(setting: tuple) -> str:
-    return label(setting, "all runs", short=True)

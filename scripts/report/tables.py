@@ -1,11 +1,7 @@
-"""The Markdown tables of the report (results.md), built from runs and scripts/report/stats.py.
-
-Each number is a mean over seeds with its 95% Student-t interval ("mean ± half-width") and the
-n it rests on, over the runs that did not fail (stats.failure). Each table of paired (same-seed)
-differences is one family: every difference has its interval, its paired t-test p and its
-Holm-adjusted p, and an ordering is stated only where the adjusted p is below 0.05; every other
-comparison is written "not resolved". `levels` are the n-gram reference levels in nats per
-token ({"unigram": ..., "bigram": ..., "trigram": ...}) or None.
+"""The Markdown tables of results.md, built from runs and scripts/report/stats.py: means over
+seeds with 95% t intervals over the runs that did not fail, and paired differences as Holm
+families (docs/report.md says how to read each table). `levels`: the n-gram reference levels
+in nats per token, or None.
 """
 
 from __future__ import annotations
@@ -309,8 +305,7 @@ ONE_LR = "one LR: not defined"
 def lr_section(runs: list[RunRecord], which: str, controls: tuple, levels: Optional[dict],
                plan: st.Plan) -> list[str]:
     """Best LR, loss at it on held-out seeds, LR sensitivity per variant and setting, and the
-    paired differences of the last two against each control of `controls` (Reading.controls):
-    a table per control, each a Holm family."""
+    paired differences of the last two against each of `controls`, a Holm family each."""
     variants = group_runs(runs, drop=(LR_KEY,))
     summaries = {key: st.lr_table(vruns, which) for key, vruns in variants.items()}
     chosen = st.held_out(runs, which, plan)
@@ -320,23 +315,8 @@ def lr_section(runs: list[RunRecord], which: str, controls: tuple, levels: Optio
              "| group | LRs | best LR | LRs not resolved from it | loss at the chosen LR,"
              " held-out seeds | LR it was read at | mean loss over the grid | LR sensitivity"
              " | failed |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for key, table in summaries.items():
-        held = chosen[key]
-        best = held["best"]
-        failed = sum(st.failure(r, which, levels) is not None for r in variants[key])
-        grid = st.mean_interval(list(st.grid_mean_by_seed(table).values()))
-        sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
-        sens_text = cell_n(sens) if len(table) > 1 else ONE_LR
-        if best is None:
-            lines.append(f"| {label(key)} | {len(table)} | n/a: no selection run has a"
-                         f" {st.LOSSES[which][0]} and a loss at init | | | |"
-                         f" {cell_n(grid)} | {sens_text} | {failed} |")
-            continue
-        tied = ", ".join(f"{lr:g}" for lr in best["tied"]) or "none"
-        read = st.mean_interval(list(held["loss"].values()))
-        lines.append(f"| {label(key)} | {len(table)} | {lr_text(best['lr'], held['grid'])}"
-                     f" | {tied} | {cell_n(read)} | {chosen_text(held)} | {cell_n(grid)}"
-                     f" | {sens_text} | {failed} |")
+    lines += [lr_row(key, table, chosen[key], variants[key], (which, levels))
+              for key, table in summaries.items()]
     best_loss = {key: held["loss"] for key, held in chosen.items()}
     # a one-LR group's sensitivity is 0 by construction: it is compared with nothing
     sens_seed = {key: st.sensitivity_by_seed(table) for key, table in summaries.items()
@@ -347,6 +327,24 @@ def lr_section(runs: list[RunRecord], which: str, controls: tuple, levels: Optio
               " at init; `failed` = runs that failed), and the largest LR each group survives:",
               ""]
     return lines + lr_grid(variants, summaries, which, levels)
+
+
+def lr_row(key: tuple, table: dict, held: dict, runs: list, reading: tuple) -> str:
+    """A group's row of the LR table. reading: (which loss, levels)."""
+    (which, levels), best = reading, held["best"]
+    failed = sum(st.failure(r, which, levels) is not None for r in runs)
+    grid = st.mean_interval(list(st.grid_mean_by_seed(table).values()))
+    sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
+    sens_text = cell_n(sens) if len(table) > 1 else ONE_LR
+    if best is None:
+        return (f"| {label(key)} | {len(table)} | n/a: no selection run has a"
+                f" {st.LOSSES[which][0]} and a loss at init | | | |"
+                f" {cell_n(grid)} | {sens_text} | {failed} |")
+    tied = ", ".join(f"{lr:g}" for lr in best["tied"]) or "none"
+    read = st.mean_interval(list(held["loss"].values()))
+    return (f"| {label(key)} | {len(table)} | {lr_text(best['lr'], held['grid'])}"
+            f" | {tied} | {cell_n(read)} | {chosen_text(held)} | {cell_n(grid)}"
+            f" | {sens_text} | {failed} |")
 
 
 def lr_comparisons(best_loss: dict, sens_seed: dict, control: tuple) -> list[str]:
@@ -465,11 +463,10 @@ def subset_note(runs: list[RunRecord]) -> str:
 
 def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
                     reading: Reading) -> str:
-    """results.md's analyses: results, paired differences against each of reading.controls,
-    attention statistics, the LR analysis if the
-    runs vary optim.lr (lr_runs). `read` says what was read (the sweep folders, or runs.csv);
-    `appendix` adds what failed, was still running, skipped or odd."""
-    which, levels, plan = reading.which, reading.levels, reading.plan
+    """results.md's analyses: results (and recall accuracy), paired differences against each
+    of reading.controls, attention statistics, the LR analysis when the runs vary optim.lr
+    (lr_runs). `read` says what was read; `appendix` adds the rest."""
+    which, levels = reading.which, reading.levels
     field, name = st.LOSSES[which]
     lines = ["# Sweep results", "", read, "",
              f"Loss: {name} (`{field}` in summary.json), over the runs of a group that did not"
@@ -481,8 +478,30 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
     lines += results_table(groups, which, levels, recall)
     if recall:
         lines += ["", "## Recall accuracy", ""] + recall_table(groups, which)
-    values = {key: st.by_seed([r for r in g if st.failure(r, which, levels) is None],
+    lines += paired_sections(groups, reading) + attention_section(groups)
+    if lr_runs:
+        lines += ["", "## Learning rate", "", LR_INTRO.format(name=name), ""]
+        lines += lr_section(lr_runs, which, reading.controls, levels, reading.plan or st.Plan())
+        if WIDTH_KEY in varying_keys(lr_runs):
+            lines += [""] + width_section(lr_runs, which)
+    return "\n".join(lines) + "\n"
+
+
+LR_INTRO = ("Per variant and setting, over the LR grid: the best LR (lowest mean clipped {name}),"
+            " the LRs whose paired difference to it is not resolved (Holm over the comparisons"
+            " with it), the loss at the chosen LR on seeds that did not choose it, and the LR"
+            " sensitivity of Wortsman et al. 2023 (per seed: mean over the grid of min(loss,"
+            " loss at init) minus its minimum over the grid). A failed run keeps its clipped"
+            " loss here: dropping it would favour the LRs that fail. `(grid edge)`: the best LR"
+            " is the smallest or largest tried, so the optimum may lie outside the grid.")
+
+
+def paired_sections(groups: dict, reading: Reading) -> list[str]:
+    """A section of paired differences per control of reading.controls."""
+    which, name = reading.which, st.LOSSES[reading.which][1]
+    values = {key: st.by_seed([r for r in g if st.failure(r, which, reading.levels) is None],
                               lambda r: st.final_loss(r, which)) for key, g in groups.items()}
+    lines = []
     for control in reading.controls:
         lines += ["", f"## Paired differences against `{ref_text(control)}`", "",
                   f"Per seed, a group's {name} minus that of the same setting and seed with"
@@ -490,29 +509,19 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
                   + ", over the seeds where neither run failed; an ordering is read only where"
                   f" the Holm-adjusted p of the paired t-test is below {st.ALPHA:g}.", ""]
         lines += paired_table(values, control, name, loss=True)
-    lines += ["", "## Attention statistics", "",
-              "Entropy, saturated-row fraction and raw variance: mean over layers; max logits:"
-              " max over layers. Scaled = the logit softmax sees; raw = q.k before the scale."
-              f" Saturated rows (largest weight above {SATURATION_THRESHOLD}) include each"
-              " sequence's first query row, which sees one key and puts all its weight on it:"
-              " the share has a floor of 1/T for T = model.block_size (0.0104 at the recall"
-              " task's 96, 0.0156 at the default 64); read it against that floor.", ""]
-    lines += diagnostics_table(groups, 0, "First evaluation") + [""]
-    lines += diagnostics_table(groups, -1, "Last evaluation")
-    if lr_runs:
-        lines += ["", "## Learning rate", "",
-                  "Per variant and setting, over the LR grid: the best LR (lowest mean clipped"
-                  f" {name}), the LRs whose paired difference to it is not resolved (Holm over"
-                  " the comparisons with it), the loss at the chosen LR on seeds that did not"
-                  " choose it, and the LR sensitivity of Wortsman et al. 2023 (per seed: mean"
-                  " over the grid of min(loss, loss at init) minus its minimum over the grid)."
-                  " A failed run keeps its clipped loss here: dropping it would favour the"
-                  " LRs that fail. `(grid edge)`: the best LR is the smallest or largest tried,"
-                  " so the optimum may lie outside the grid.", ""]
-        lines += lr_section(lr_runs, which, reading.controls, levels, plan or st.Plan())
-        if WIDTH_KEY in varying_keys(lr_runs):
-            lines += [""] + width_section(lr_runs, which)
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def attention_section(groups: dict) -> list[str]:
+    return ["", "## Attention statistics", "",
+            "Entropy, saturated-row fraction and raw variance: mean over layers; max logits:"
+            " max over layers. Scaled = the logit softmax sees; raw = q.k before the scale."
+            f" Saturated rows (largest weight above {SATURATION_THRESHOLD}) include each"
+            " sequence's first query row, which sees one key and puts all its weight on it:"
+            " the share has a floor of 1/T for T = model.block_size (0.0104 at the recall"
+            " task's 96, 0.0156 at the default 64); read it against that floor.", "",
+            *diagnostics_table(groups, 0, "First evaluation"), "",
+            *diagnostics_table(groups, -1, "Last evaluation")]
 
 
 FIGURES = {

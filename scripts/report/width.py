@@ -1,19 +1,9 @@
-"""Learning-rate transfer across width (Tensor Programs V, Fig. 1): for an LR sweep that also
-varies model.d_model, per cell (every other setting: the parameterisation and the scale),
-
-- each width's optimal LR per seed: the vertex of the parabola in log2 LR through the seed's
-  lowest clipped loss and its two neighbours on the grid (none where the lowest is at the
-  grid's edge: the optimum may lie beyond it);
-- the drift of the optimum per doubling of width: the least-squares slope of log2(optimal
-  LR) against log2(d_model) over every (width, seed) optimum of the cell, with its 95% t
-  interval and the t-test of slope 0 (n - 2 degrees of freedom), Holm over the cells (SP's
-  best LR is expected to fall with width, a slope near -1; muP's to stay, near 0). One line
-  through all optima, not a slope per seed averaged: with two seeds a mean of two slopes has
-  one degree of freedom, and its interval is twelve times its standard error;
-- whether wider is better at each width's own best LR: per seed, the lowest clipped loss over
-  the grid, the wider width minus the narrower one paired by seed, Holm over the table.
-
-The markdown section is `width_section`; the figure is scripts/report/width_figure.py."""
+"""Learning-rate transfer across width (Tensor Programs V, Fig. 1) for an LR sweep that also
+varies model.d_model (docs/report.md, "Width"): per cell (the other settings), each width's
+optimal LR per seed (a parabola's vertex in log2 LR), its drift per doubling of width (one
+least-squares line through every optimum, Holm over the cells), and whether wider is better at
+each width's own best LR (paired by seed, Holm over the table). Its figure: width_figure.py.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +19,7 @@ WIDTH_KEY = "model.d_model"
 
 
 def parabola_vertex(xs: list[float], ys: list[float]) -> float:
-    """The x of the vertex of the parabola through three points (x0 < x1 < x2, y1 lowest),
-    kept within [x0, x2]; x1 itself where the three points are collinear."""
+    """The vertex of the parabola through three points (y1 lowest), kept within [x0, x2]."""
     (x0, x1, x2), (y0, y1, y2) = xs, ys
     den = (x1 - x0) * (y1 - y2) - (x1 - x2) * (y1 - y0)
     if den == 0:
@@ -40,8 +29,7 @@ def parabola_vertex(xs: list[float], ys: list[float]) -> float:
 
 
 def optimal_log2_lr(losses: dict[float, float]) -> Optional[float]:
-    """log2 of the optimal LR of one seed's {lr: clipped loss} over the grid; None when its
-    lowest loss is at the smallest or largest LR (or the grid has fewer than 3 LRs)."""
+    """log2 of a seed's optimal LR over the grid; None at the grid's edge (or below 3 LRs)."""
     lrs = sorted(lr for lr, loss in losses.items() if loss is not None and math.isfinite(loss))
     if len(lrs) < 3:
         return None
@@ -85,9 +73,8 @@ def cell_optima(by_width: dict[int, list[RunRecord]], which: str) -> dict[int, d
 
 
 def drift(optima: dict[int, dict]) -> st.Comparison:
-    """The slope of log2(optimal LR) against log2(width) fitted through every (width, seed)
-    optimum, as an interval (n: the optima) with the two-sided p of the t-test of slope 0, not
-    yet Holm-adjusted; no interval below three optima, no slope below two widths."""
+    """The slope of log2(optimal LR) against log2(width) through every optimum (n of them),
+    with its t interval and test of slope 0 (n - 2 df); no interval below three optima."""
     points = [(math.log2(w), y) for w, per in optima.items() for y in per.values()
               if y is not None]
     xs, ys = np.array([x for x, _ in points]), np.array([y for _, y in points])
@@ -122,16 +109,19 @@ def lr_cell(log2_lrs: list) -> str:
 
 
 def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
-    """results.md's "## Width" section: the optimum per width and its drift per doubling, and
-    whether wider is better at its own best LR, each table one Holm family."""
+    """results.md's "## Width": the optimum per width and its drift per doubling, and whether
+    wider is better at its own best LR, each table one Holm family."""
     by_cell = cells(lr_runs)
+    return ["## Width", ""] + drift_table(by_cell, which) + [""] + wider_table(by_cell, which)
+
+
+def drift_table(by_cell: dict, which: str) -> list[str]:
     optima = {key: cell_optima(by_width, which) for key, by_width in by_cell.items()}
     fits = [drift(o) for o in optima.values()]
     tests = [st.Comparison(c.diff, c.p, adjusted)
              for c, adjusted in zip(fits, st.holm([c.p for c in fits]))]
     widths = sorted({w for by_width in by_cell.values() for w in by_width})
-    lines = ["## Width", "",
-             "Optimal LR per width and seed: the vertex of the parabola in log2 LR through the"
+    lines = ["Optimal LR per width and seed: the vertex of the parabola in log2 LR through the"
              " seed's lowest clipped loss and its two neighbours on the grid (`edge`: the lowest"
              " is the smallest or largest LR tried, no optimum); shown as the geometric mean over"
              " the seeds that have one. Drift per doubling: the least-squares slope of"
@@ -150,8 +140,11 @@ def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
         lines.append(f"| {label(key, 'all')} | " + " | ".join(cells_text)
                      + f" | {c.diff.text(3) if c.diff else 'n/a'} | {st.p_text(c.p)}"
                      f" | {st.p_text(c.p_holm)} | {reading} |")
-    lines += ["", f"Family: {sum(c.p is not None for c in tests)} slope t-tests, Holm-adjusted"
-              f" together. Resolved: Holm p < {st.ALPHA:g}.", ""]
+    return lines + ["", f"Family: {sum(c.p is not None for c in tests)} slope t-tests,"
+                    f" Holm-adjusted together. Resolved: Holm p < {st.ALPHA:g}."]
+
+
+def wider_table(by_cell: dict, which: str) -> list[str]:
     pairs, rows = [], []
     for key, by_width in by_cell.items():
         ws = list(by_width)
@@ -159,11 +152,11 @@ def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
             rows.append((key, narrow, wide))
             pairs.append((best_loss_by_seed(by_width[wide], which),
                           best_loss_by_seed(by_width[narrow], which)))
-    lines += ["Wider at its own best LR: per seed, the lowest clipped"
-              f" {st.LOSSES[which][1]} over the LR grid, the wider width minus the narrower,"
-              " paired by seed; Holm over the table.", "",
-              "| cell | widths | pairs | wider − narrower | p (paired t) | Holm p | reading |",
-              "|---|---|---:|---:|---:|---:|---|"]
+    lines = ["Wider at its own best LR: per seed, the lowest clipped"
+             f" {st.LOSSES[which][1]} over the LR grid, the wider width minus the narrower,"
+             " paired by seed; Holm over the table.", "",
+             "| cell | widths | pairs | wider − narrower | p (paired t) | Holm p | reading |",
+             "|---|---|---:|---:|---:|---:|---|"]
     for (key, narrow, wide), c in zip(rows, st.family(pairs)):
         lines.append(f"| {label(key, 'all')} | {narrow} -> {wide}"
                      f" | {c.diff.n if c.diff else 0} | {c.diff.text(4) if c.diff else 'n/a'}"

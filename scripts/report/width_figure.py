@@ -1,8 +1,5 @@
-"""The width figure of an LR sweep that varies model.d_model (width_transfer.png), after
-Tensor Programs V, Fig. 1: per cell (the settings but LR and width), the mean clipped loss
-against LR with a line per width and its optimal LR marked, and below each seed's optimal LR
-against width with the least-squares line whose slope is the table's drift
-(scripts/report/width.py says how the optimum is found)."""
+"""width_transfer.png (after Tensor Programs V, Fig. 1): per cell, the mean loss against LR
+with a line per width, and each seed's optimal LR against width with the drift's line."""
 
 from __future__ import annotations
 
@@ -19,9 +16,6 @@ from scripts.report.width import cell_optima, cells, drift
 
 
 def plot_width(lr_runs: list[RunRecord], which: str):
-    """Top: per cell, the mean clipped loss against LR, a line per width, its optimal LR (mean
-    of the seeds' log2) dotted. Bottom: each seed's optimal LR against width, log-log, and the
-    fitted line of the drift."""
     by_cell = cells(lr_runs)
     fig, axes = plt.subplots(2, len(by_cell), figsize=(max(3.6 * len(by_cell), 6.0), 7.0),
                              squeeze=False, layout="constrained")
