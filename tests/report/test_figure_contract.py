@@ -30,6 +30,7 @@ import pytest
 from conftest import ROOT, report_in_process
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -292,14 +293,15 @@ def colours_off_the_map(figures: dict) -> list[str]:
     bad = []
     for name, _, text, handle in entries:
         arm = arm_of(text)
-        if arm is None or not isinstance(handle, Line2D):
+        if arm is None or not isinstance(handle, (Line2D, LineCollection)):
             continue
         colour, marker = looks[arm][:2]
-        shown = str(handle.get_marker()).lower() not in ("none", "")   # an error bar's entry
-        if plt.matplotlib.colors.to_hex(handle.get_color()) != plt.matplotlib.colors.to_hex(
-                colour) or (shown and handle.get_marker() != marker):
-            bad.append(f"{name}: {arm} drawn {handle.get_color()} {handle.get_marker()},"
-                       f" the map says {colour} {marker}")
+        drawn = to_hex(handle.get_color()[0] if isinstance(handle, LineCollection)
+                       else handle.get_color())
+        shown = isinstance(handle, Line2D) and str(handle.get_marker()).lower() != "none"
+        if drawn != to_hex(colour) or (shown and handle.get_marker() != marker):
+            bad.append(f"{name}: {arm} drawn {drawn}"
+                       f" {handle.get_marker() if shown else ''}, the map says {colour} {marker}")
     return bad
 
 
