@@ -266,7 +266,8 @@ def plot_heads(run, name: str):
             head_panel(axes[i][layer], run, row, (layer, n_head), int(block) if block else None)
             axes[i][layer].set_title(f"layer {layer}" if i == 0 else "", fontsize=10)
             axes[i][layer].set_ylabel(row[1] if layer == 0 else "", fontsize=9)
-        axes[i][-1].set_xlabel("step" if i == len(rows) - 1 else "")
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
     left = f"\n0 or missing at every head, not drawn: {', '.join(dropped)}" if dropped else ""
     return style.finish(fig, f"Attention per head on the fixed validation batch, one run: {name}"
                         f" (n = 1, no intervals){left}")
@@ -275,6 +276,9 @@ def plot_heads(run, name: str):
 def head_panel(ax, run, row: tuple, where: tuple[int, int], T: Optional[int]) -> None:
     """A layer's panel: a line per head, uniform attention's entropy and the floor 1/T."""
     (key, _, log), (layer, n_head) = row, where
+    values = [v for h in range(n_head) for v in head_series(run, key, layer, h)[1]
+              if math.isfinite(v) and v > 0]
+    log = log and bool(values) and max(values) >= 10 * min(values)   # a decade, else linear
     for head in range(n_head):
         steps, values = head_series(run, key, layer, head)
         values = [v if not log or v > 0 else math.nan for v in values]
