@@ -1,29 +1,14 @@
 """Count-based reference levels: unigram, bigram and trigram cross-entropy of a validation split.
 
-A model that beats none of these has learnt nothing a table of counts does not know. For order
-n the probability of token c after the n-1 tokens `ctx` is add-k smoothed (Lidstone; Chen and
-Goodman 1999 compare it with other smoothings):
-
-    P(c | ctx) = (count(ctx c) + k) / (count(ctx) + k V)
-
-V is the tokenizer's vocabulary size and count(ctx) the number of n-grams that start with ctx,
-so every row sums to 1. k is chosen per order from K_GRID on a held-out tail of the *training*
-split (its last HELD_OUT share, scored with counts of the rest); the counts are then refitted on
-the whole training split and the validation split is scored once with that k. Validation never
-chooses anything.
-
-Both splits are read as the token cache stores them (data/build_cache.py: every document followed
-by EOT) and each is one stream preceded by n-1 EOT tokens, a document boundary: every token of
-the split is a target, with the context of the tokens before it. Counts are sparse: the n-gram
-(t1, ..., tn) is packed into one int64, ((t1 V + t2) V + ...) V + tn, and the stream is read in
-chunks of `chunk` tokens, each counted by numpy.unique and merged into sorted (keys, counts)
-arrays, so memory grows with the number of distinct n-grams, not with the corpus. At most
-`max_train_tokens` training tokens are counted (the first ones; the report says when the cap
-applied), which bounds the trigram table of a large BPE corpus.
-
-The result is cached as baselines.json in the token cache folder of the corpus (data/cache.py),
-so that every run on that corpus shares it; `reference_levels` is what the report reads: the
-cached file whatever its settings, computed with the defaults if there is none.
+A model that beats none of these has learnt nothing a table of counts knows. For order n,
+P(c | ctx) = (count(ctx c) + k) / (count(ctx) + k V), add-k (Lidstone) smoothed, V the vocabulary
+size; k is chosen per order from K_GRID on the last HELD_OUT share of the *training* split
+(counted on the rest), the counts refitted on the whole training split, and the validation split
+scored once: validation chooses nothing. Each split is one stream as the token cache stores it
+(every document followed by EOT), preceded by n-1 EOT tokens. Counts are sparse: an n-gram is
+packed into one int64, ((t1 V + t2) V + ...) V + tn, counted chunk by chunk with numpy.unique and
+merged into sorted arrays; at most `max_train_tokens` training tokens are counted. The result is
+cached as baselines.json in the corpus's token cache folder; `reference_levels` reads it.
 """
 
 from __future__ import annotations

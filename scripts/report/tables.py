@@ -88,8 +88,7 @@ def results_table(groups: dict[tuple, list[RunRecord]], which: str, levels: Opti
 
 
 def failed_rule(which: str, levels: Optional[dict], recall: bool = False) -> str:
-    """The sentence under a table that says what `failed` means and what the means are over.
-    recall: the runs are data=recall runs, generated sequences without n-gram levels."""
+    """The sentence under a table that says what `failed` means (recall: generated data)."""
     field = st.LOSSES[which][0]
     if levels:
         rule = (f"`{field}` is above the unigram reference level"
@@ -163,10 +162,9 @@ class Against(tuple):
 
 
 def reference(key: tuple, control: tuple) -> Optional[tuple]:
-    """The group a group is paired with under `control`, or None. A tuple of (key, value):
-    the group that differs from it in exactly one of these keys, with that key's control value
-    put in (a group that differs in two has no single reference); an Against: the group with
-    every named key at its value."""
+    """The group a group is paired with: under a control ((key, value), ...), the group with the
+    one key it differs in set back (None if it differs in two); under an Against, the group
+    with every named key at its value."""
     if isinstance(control, Against):
         named = dict(control)
         return tuple((k, named.get(k, v)) for k, v in key)
@@ -179,9 +177,8 @@ def reference(key: tuple, control: tuple) -> Optional[tuple]:
 
 
 def paired_rows(values: dict[tuple, dict], control: tuple, log: bool = False) -> list[tuple]:
-    """(setting, variant, comparison) of each group minus its reference group (`reference`),
-    paired by seed, the rows being one Holm family; log: the comparison of log values. values
-    maps a group key to {seed: number}."""
+    """(setting, variant, comparison) of each group ({seed: number} in values) minus its
+    reference group, paired by seed, one Holm family; log: of the log values."""
     rows, pairs = [], []
     for key, seeds in values.items():
         other = reference(key, control)
@@ -425,10 +422,8 @@ def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str
 
 @dataclass(frozen=True)
 class Reading:
-    """How a report reads its runs: the loss (st.LOSSES), the scale differences are paired
-    against and any further (key, value) references, the n-gram reference levels, the
-    seeds that choose an LR and those it is reported on, and whether the baseline and the
-    references are one control (one_control)."""
+    """How a report reads its runs: the loss (st.LOSSES), what differences are paired against
+    (the baseline scale, --pair, --one-control, --against), the levels, the LR plan."""
 
     which: str
     baseline: str
@@ -441,19 +436,15 @@ class Reading:
     @property
     def controls(self) -> tuple:
         """What each table of paired differences is against, a Holm family each: the baseline
-        scale, then each --pair (key, value), such as a sweep's runs without a bound
-        (scaling.softcap=null) for the runs with one; or, with one_control, all of them as
-        one control, so that every arm that changes one of these keys from it is in one
-        family (an arm per bound, each against the baseline scale without any bound)."""
+        scale, then each --pair (key, value), or with one_control all of them as one control;
+        then each --against setting."""
         refs = ((VARIANT_KEY, self.baseline), *self.pairs)
         controls = (refs,) if self.one_control else tuple((ref,) for ref in refs)
         return controls + tuple(Against(a) for a in self.against)
 
 
 def subset_note(runs: list[RunRecord]) -> str:
-    """What part of the validation split the whole-split loss covers, where trainer.
-    full_eval_tokens made it a subset; empty where every run scored the whole split (or did not
-    record it)."""
+    """What part of the validation split the whole-split loss covers, where it is a subset."""
     parts = [f"{n:,} of the split's {m:,} targets" for n, m in st.subset_counts(runs)]
     if not parts:
         return ""
