@@ -16,7 +16,6 @@ trainer.on_nan=raise, 128+signal when stopped by SIGINT/SIGTERM (a checkpoint to
 written first).
 """
 
-import os
 import signal
 import sys
 import time
@@ -25,7 +24,6 @@ from typing import Optional
 
 import hydra
 import torch
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -33,10 +31,18 @@ from tqdm import tqdm
 
 from model.errors import ConfigError, UserError
 from trainer import checkpoint
-from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank, world_size
+from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank
 from trainer.evaluate import describe, evaluate, evaluate_full, write_samples
 from trainer.files import display_path
-from trainer.job import Diverged, Interrupted, Job, StopSignal
+from trainer.job import (
+    Diverged,
+    Interrupted,
+    Job,
+    StopSignal,
+    exit_if_sweep_stopped,
+    leave_processes,
+    rank_argv,
+)
 from trainer.run_dir import RunDir, refuse_to_mix, remove_if_unstarted, summarize
 from trainer.schema import LoggerConfig, TrainerConfig, register_configs
 from trainer.step import train_step
@@ -80,8 +86,8 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
             step += 1
             check = is_check_step(step, train_cfg) or (compute.world == 1 and stop.signum > 0)
             lr = state.scheduler.get_last_lr()[0]
-            loss, grad_norm, extra = train_step(state, compute, optim_cfg, train_cfg,
-                                                want_qk=check)
+            loss, grad_norm, diagnostics = train_step(state, compute, optim_cfg, train_cfg,
+                                                      diagnose=check)
             nonfinite += (~torch.isfinite(loss)).float()
             bar.update(1)
             if not check:   # host-device syncs only at check steps
@@ -93,7 +99,8 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
                         f"(trainer.on_nan={train_cfg.on_nan}).")
                 break
             out.log({"kind": "train", "step": step, "loss": loss, "lr": lr,
-                     "tokens_per_sec": tokens_per_sec, "grad_norm": grad_norm.item(), **extra})
+                     "tokens_per_sec": tokens_per_sec, "grad_norm": grad_norm.item(),
+                     **diagnostics.record()})
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
             if step % train_cfg.eval_every == 0 or step == train_cfg.max_steps:
                 evaluate_and_log(run, out, step, lr, tokens_per_sec)
@@ -189,22 +196,13 @@ class Clock:
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
-    overrides, hydra_overrides = list(hc.overrides.task), list(hc.overrides.hydra)
     if hc.mode == RunMode.MULTIRUN:   # a sweep's job: the infrastructure layer, only here
         from trainer.launch import SweepJob
-        job = SweepJob(overrides, hydra_overrides)
-        job.export_ranks()   # a submitit job of several tasks: torchrun's variables
+        job = SweepJob(list(hc.overrides.task), list(hc.overrides.hydra))
     else:
-        job = Job(overrides, hydra_overrides)
-    if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() and
-                                cfg.trainer.device != "cpu" else "gloo")
-        shared = [str(run_dir)]
-        dist.broadcast_object_list(shared, src=0)   # only rank 0's Hydra made a directory
-        run_dir = Path(shared[0])
-    rank, world = process_rank(), world_size()
-    together = False   # every process got here the same way: they leave at one barrier
+        job = Job(list(hc.overrides.task), list(hc.overrides.hydra))
+    run_dir = job.join_processes(Path(hc.runtime.output_dir), cfg.trainer.device)
+    rank, together = process_rank(), False   # together: every process leaves at one barrier
     try:
         logger_cfg = LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True))
         if logger_cfg.name != "none":   # a missing package fails here, before any data work
@@ -213,33 +211,19 @@ def hydra_main(cfg: DictConfig) -> None:
         job.skip_if_stopped(run_dir)
         summary = train(cfg, run_dir, job)
         together = True
-    except UserError as err:
-        if rank == 0:
-            remove_if_unstarted(run_dir)
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        job.end(2, run_dir)
-    except Interrupted as err:
-        together = True   # the stop is all-reduced: every process stopped after the same step
-        if rank == 0:
-            how = "".join(f"\nResume {what} with:\n  {command}"
-                          for what, command in job.resume_commands(run_dir, world, SCRIPT))
-            print(f"{err}; checkpoint {err.checkpoint}.{how}", file=sys.stderr)
-        job.after_stop(err.signum, cfg.trainer.resume)
-        job.end(128 + err.signum, run_dir)
-    except Diverged as err:
-        print(f"error: {err}", file=sys.stderr)
-        job.end(3, run_dir)
+    except (UserError, Interrupted, Diverged) as err:
+        # a stop is all-reduced: every process stopped after the same step
+        together = isinstance(err, Interrupted)
+        job.end_on(err, run_dir, SCRIPT, cfg.trainer.resume)
     finally:
-        if dist.is_initialized():
-            if together:
-                # gloo's worker threads release a finished collective's tensors after the
-                # caller has moved on; a process that reaches interpreter shutdown before
-                # they do aborts ("terminate called without an active exception").
-                dist.barrier()
-            dist.destroy_process_group()
-    if rank != 0:
-        return
-    if summary is None:   # a finished run, resumed: nothing was written
+        leave_processes(together)
+    if rank == 0:
+        print_outcome(summary, run_dir)
+
+
+def print_outcome(summary: Optional[dict], run_dir: Path) -> None:
+    """The run's last lines (rank 0); a finished run resumed (summary None) wrote nothing."""
+    if summary is None:
         remove_if_unstarted(run_dir)
         return
     print(f"best val loss {summary['best_val_loss']:.4f} at step {summary['best_step']} "
@@ -259,19 +243,11 @@ def main() -> None:
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-    if int(os.environ.get("RANK", "0")) > 0:
-        # Only rank 0 owns a run directory: the other processes' Hydra must not make one.
-        sys.argv = [a for a in sys.argv if not a.startswith(("hydra.run.dir=",
-                                                             "hydra.output_subdir="))]
-        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null"]
+    sys.argv = rank_argv(sys.argv)   # a torchrun rank above 0 makes no run directory
     try:
         hydra_main()
     finally:
-        # A parallel sweep's launcher configs load the infrastructure (their callback); if it
-        # stopped the sweep on a signal, it prints how to resume it and sets the exit code.
-        launch = sys.modules.get("trainer.launch")
-        if launch is not None:
-            launch.exit_if_stopped(SCRIPT)
+        exit_if_sweep_stopped(SCRIPT)   # a parallel sweep stopped on a signal: its exit code
 
 
 if __name__ == "__main__":

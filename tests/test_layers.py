@@ -19,8 +19,8 @@ PACKAGES = ("model", "data", "trainer", "scripts")
 # (importing module, function, imported module): every place the core loads an option
 SEAMS = {
     ("trainer.build", "build", "data.recall"),
-    ("trainer.build", "build", "trainer.qk_clip"),
-    ("trainer.step", "train_step", "trainer.qk_clip"),
+    ("trainer.build", "step_hooks", "trainer.qk_clip"),
+    ("trainer.build", "step_hooks", "trainer.z_loss"),
     ("trainer.build", "attention_class", "model.cpu_autocast"),
     ("trainer.build", "make_optimizer", "model.mup"),
     ("model.gpt", "__init__", "model.mup"),

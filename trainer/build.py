@@ -7,9 +7,10 @@ it; TrainState is what the next optimizer step depends on, and what last.pt save
 
 import math
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -74,6 +75,21 @@ class Progress:
         return improved
 
 
+class LossTerm(Protocol):
+    """A term added to each micro-batch's summed cross-entropy (trainer.z_loss)."""
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+    def step_sum(self) -> torch.Tensor: ...   # this process's terms of the step so far, summed
+
+
+@dataclass(frozen=True)
+class StepHooks:
+    """The options attached to the optimizer step (trainer/step.py); the default run has none."""
+
+    loss_term: Optional[LossTerm] = None              # trainer.z_loss: trainer/z_loss.py
+    after_step: tuple[Callable[[], None], ...] = ()   # after AdamW: optim.qk_clip's clip
+
+
 @dataclass
 class TrainState:
     model: GPT                 # the plain module: weights, diagnostics, evaluation, sampling
@@ -82,6 +98,7 @@ class TrainState:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
     batcher: Sampler           # data.batching.Batcher, or a generated task's sampler
+    hooks: StepHooks = field(default_factory=StepHooks)
     progress: Progress = field(default_factory=Progress)
 
 
@@ -123,9 +140,7 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
     eval_batches, batcher = data.batches(shape, train_cfg.eval_iters, train_cfg.seed)
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg, attention_class(model_cfg.attn_impl, amp, device)).to(device)
-    if optim_cfg.qk_clip is not None:
-        from trainer import qk_clip  # an option: loaded only when optim.qk_clip is set
-        qk_clip.setup(model, optim_cfg.qk_clip)
+    hooks = step_hooks(model, optim_cfg.qk_clip, train_cfg.z_loss)
     wrapped = torch.compile(model) if train_cfg.compile else model
     if shape.world > 1:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
@@ -134,9 +149,23 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
         optimizer, lambda epoch: lr_at(epoch + 1, optim_cfg, train_cfg.max_steps) / optim_cfg.lr)
     state = TrainState(
         model, wrapped, optimizer, schedule,
-        torch.amp.GradScaler(device.type, enabled=amp == torch.float16), batcher)
+        torch.amp.GradScaler(device.type, enabled=amp == torch.float16), batcher, hooks)
     config = RunConfig(resolved, model_cfg, data_cfg, optim_cfg, train_cfg)
     return Run(config, compute, state, data, eval_batches, prompts)
+
+
+def step_hooks(model: GPT, qk_clip: Optional[float], z_loss: float) -> StepHooks:
+    """The step's options, each loaded only when its config names it: trainer.z_loss a loss
+    term whose step sum clears after each step, optim.qk_clip a clip after AdamW."""
+    loss_term, after_step = None, ()
+    if z_loss:
+        from trainer.z_loss import ZLoss
+        loss_term = ZLoss(z_loss)
+        after_step = (loss_term.clear,)
+    if qk_clip is not None:
+        from trainer.qk_clip import setup
+        after_step = (*after_step, setup(model, qk_clip))
+    return StepHooks(loss_term, after_step)
 
 
 def attention_class(attn_impl: str, amp: Optional[torch.dtype],

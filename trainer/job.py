@@ -5,14 +5,23 @@ SIGINT/SIGTERM become a flag the loop reads between steps: the step in flight fi
 is written, and the process exits with 128 + the signal number after printing how to resume.
 `Job` is a run started on its own (`python train.py`, torchrun); a sweep's job does some of
 this differently (trainer/launch.py, the infrastructure, subclasses it; train.py picks it). The
-resume command is built by trainer/resume.py.
+resume command is built by trainer/resume.py. Under torchrun the processes join one process
+group and share rank 0's run directory; only rank 0's Hydra makes one.
 """
 
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, Optional
+
+import torch
+import torch.distributed as dist
+
+from model.errors import UserError
+from trainer.build import process_rank, world_size
+from trainer.run_dir import remove_if_unstarted
 
 STOPS = (signal.SIGINT, signal.SIGTERM)
 
@@ -79,9 +88,71 @@ class Job:
         return [("this run", run_command(run_dir, world, script,
                                           [*self.overrides, *self.hydra_overrides]))]
 
+    def join_processes(self, run_dir: Path, device: str) -> Path:
+        """Under torchrun (RANK set), join the process group (nccl on GPUs, gloo otherwise);
+        the run directory, rank 0's for every process."""
+        if "RANK" not in os.environ or dist.is_initialized():
+            return run_dir
+        dist.init_process_group("nccl" if torch.cuda.is_available() and device != "cpu"
+                                else "gloo")
+        shared = [str(run_dir)]
+        dist.broadcast_object_list(shared, src=0)   # only rank 0's Hydra made a directory
+        return Path(shared[0])
+
+    def end_on(self, err: Exception, run_dir: Path, script: str,
+               resume: Optional[str]) -> NoReturn:
+        """Leave after `err`, with the exit code its kind says: UserError 2 (rank 0 removes the
+        run directory if nothing was written), Interrupted 128 + signal (rank 0 prints how to
+        resume), Diverged 3."""
+        rank, world = process_rank(), world_size()
+        if isinstance(err, Interrupted):
+            if rank == 0:
+                how = "".join(f"\nResume {what} with:\n  {command}"
+                              for what, command in self.resume_commands(run_dir, world, script))
+                print(f"{err}; checkpoint {err.checkpoint}.{how}", file=sys.stderr)
+            self.after_stop(err.signum, resume)
+            self.end(128 + err.signum, run_dir)
+        if isinstance(err, UserError):
+            if rank == 0:
+                remove_if_unstarted(run_dir)
+            print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+            self.end(2, run_dir)
+        print(f"error: {err}", file=sys.stderr)
+        self.end(3, run_dir)
+
     def after_stop(self, signum: int, resume: Optional[str]) -> None:
         """What a stopped run does before it exits (a cluster job may requeue itself)."""
 
     def end(self, code: int, run_dir: Path) -> NoReturn:
         """Leave an unfinished run with exit code `code`."""
         sys.exit(code)
+
+
+def leave_processes(together: bool) -> None:
+    """Leave the process group, if any. `together`: every process got here the same way (done,
+    or stopped after the same step), so they leave at one barrier."""
+    if dist.is_initialized():
+        if together:
+            # gloo's worker threads release a finished collective's tensors after the caller
+            # has moved on; a process that reaches interpreter shutdown before they do aborts
+            # ("terminate called without an active exception").
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def rank_argv(argv: list[str]) -> list[str]:
+    """The command line this process's Hydra reads: a torchrun rank above 0 makes no run
+    directory (rank 0's is shared when the processes join)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return argv
+    kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
+    return [*kept, "hydra.run.dir=.", "hydra.output_subdir=null"]
+
+
+def exit_if_sweep_stopped(script: str) -> None:
+    """After Hydra returns or raises: a parallel sweep's launcher configs load trainer/launch.py
+    (their callback); if it stopped the sweep on a signal, it prints how to resume the sweep
+    and exits with 128 + the signal. Found loaded, never imported here."""
+    launch = sys.modules.get("trainer.launch")
+    if launch is not None:
+        launch.exit_if_stopped(script)

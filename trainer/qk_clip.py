@@ -18,6 +18,7 @@ several processes the maxima are all-reduced (max) first, so every replica clips
 """
 
 import math
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -30,8 +31,9 @@ from model.errors import ConfigError
 UNBOUNDED = ("qk_norm", "uniform")   # scales whose logits the clip cannot bound or has none
 
 
-def setup(model: torch.nn.Module, tau: float) -> None:
-    """Arm every attention module of `model` (a GPT) for QK-Clip at threshold tau."""
+def setup(model: torch.nn.Module, tau: float) -> Callable[[], None]:
+    """Arm every attention module of `model` (a GPT) for QK-Clip at threshold tau; the clip,
+    for the step to call after AdamW."""
     scaling = model.config.scaling.name
     if scaling in UNBOUNDED:
         raise ConfigError(
@@ -49,6 +51,7 @@ def setup(model: torch.nn.Module, tau: float) -> None:
         attn.register_forward_pre_hook(remember_masks, with_kwargs=True)
         attn.q_proj.register_forward_hook(partial(remember_q, attn))
         attn.k_proj.register_forward_hook(partial(track_max, attn))
+    return partial(clip, model, tau)
 
 
 def remember_masks(attn: MultiHeadAttention, args: tuple, kwargs: dict) -> None:

@@ -14,7 +14,7 @@ from model.config import GPTConfig, ScalingConfig
 from model.errors import ConfigError
 from model.gpt import GPT
 from trainer import qk_clip
-from trainer.build import Compute, TrainState, make_optimizer
+from trainer.build import Compute, TrainState, make_optimizer, step_hooks
 from trainer.schema import OptimConfig, TrainerConfig
 from trainer.step import train_step
 
@@ -64,19 +64,20 @@ def max_logits_by_hand(model: GPT, idx: torch.Tensor) -> torch.Tensor:
 
 
 def step(model: GPT, tau: float = TAU) -> None:
-    """One train_step at learning rate 0: the weights change by the clip alone."""
+    """Arm `model` for QK-Clip at tau as a run does (trainer.build.step_hooks), then one
+    train_step at learning rate 0: the weights change by the clip alone."""
     optim = OptimConfig(lr=1e-3, warmup_steps=0, qk_clip=tau)
     optimizer = make_optimizer(model, optim, torch.device("cpu"))
     state = TrainState(model, model, optimizer,
                        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.0),
-                       torch.amp.GradScaler("cpu", enabled=False), OneBatch(batch()))
+                       torch.amp.GradScaler("cpu", enabled=False), OneBatch(batch()),
+                       step_hooks(model, optim.qk_clip, 0.0))
     compute = Compute(0, 1, torch.device("cpu"), "fp32", nullcontext())
     train_step(state, compute, optim, TrainerConfig())
 
 
 def test_a_clipped_head_ends_at_tau_and_the_others_are_untouched():
     model = hot_model()
-    qk_clip.setup(model, TAU)
     attn = model.blocks[0].attn
     projs = attn.q_proj, attn.k_proj, attn.v_proj
     before = [p.weight.detach().clone() for p in projs]  # W_q, W_k, W_v: (HD, C) each

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from data.batching import Batch
 from model.config import IGNORE_INDEX, GPTConfig
 from model.gpt import GPT
-from trainer.build import Compute, TrainState, make_optimizer
+from trainer.build import Compute, TrainState, make_optimizer, step_hooks
 from trainer.evaluate import estimate
 from trainer.schema import OptimConfig, TrainerConfig
 from trainer.step import train_step
@@ -101,12 +101,14 @@ def test_train_step_loss_and_gradient_weigh_tokens_not_micro_batches(make):
     assert grad_norm.item() == pytest.approx(expected_norm, rel=1e-5)
 
 
-def plain_state(m: GPT, optim: OptimConfig, bs: list[Batch], lr_factor: float = 1.0):
+def plain_state(m: GPT, optim: OptimConfig, bs: list[Batch], lr_factor: float = 1.0,
+                z_loss: float = 0.0):
     optimizer = make_optimizer(m, optim, torch.device("cpu"))
     return TrainState(
         model=m, wrapped=m, optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor),
-        scaler=torch.amp.GradScaler("cpu", enabled=False), batcher=ListBatcher(bs))
+        scaler=torch.amp.GradScaler("cpu", enabled=False), batcher=ListBatcher(bs),
+        hooks=step_hooks(m, optim.qk_clip, z_loss))
 
 
 CPU = Compute(rank=0, world=1, device=torch.device("cpu"), precision="fp32",
@@ -132,13 +134,17 @@ def test_z_loss_adds_its_term_to_the_gradient_and_not_to_the_logged_loss():
     expected_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in reference.parameters()
                                   if p.grad is not None))
     optim = OptimConfig(warmup_steps=0, grad_clip=0.0)
-    loss, grad_norm, extra = train_step(plain_state(m, optim, bs), CPU, optim,
-                                        TrainerConfig(grad_accum=2, z_loss=z), want_qk=True)
+    state = plain_state(m, optim, bs, z_loss=z)
+    loss, grad_norm, diagnostics = train_step(state, CPU, optim,
+                                              TrainerConfig(grad_accum=2, z_loss=z), diagnose=True)
     assert loss.item() == pytest.approx(ce.item(), rel=1e-6)
-    assert extra["z_term"] == pytest.approx(z * log_z_sq.item() / count, rel=1e-5)
-    assert extra["z_term"] > 0.01 * loss.item()   # large enough to change the gradient
+    z_term = diagnostics.record()["z_term"]
+    assert z_term == pytest.approx(z * log_z_sq.item() / count, rel=1e-5)
+    assert z_term > 0.01 * loss.item()   # large enough to change the gradient
     assert grad_norm.item() == pytest.approx(expected_norm, rel=1e-5)
+    assert state.hooks.loss_term.step_sum().item() == 0.0   # cleared for the next step
     # without the option the gradient is the cross-entropy's alone, and no z term is reported
-    _, plain_norm, extra = train_step(plain_state(model(), optim, batches()), CPU, optim,
-                                      TrainerConfig(grad_accum=2), want_qk=True)
-    assert "z_term" not in extra and abs(plain_norm.item() - expected_norm) > 1e-3
+    _, plain_norm, diagnostics = train_step(plain_state(model(), optim, batches()), CPU, optim,
+                                            TrainerConfig(grad_accum=2), diagnose=True)
+    assert diagnostics.z_term is None and "z_term" not in diagnostics.record()
+    assert abs(plain_norm.item() - expected_norm) > 1e-3
