@@ -8,12 +8,9 @@
 
 `train` is the loop: one `train_step` (trainer/step.py) per iteration, and at check steps one
 collective and host sync, then logging, evaluation and checkpoints as `if step % k == 0` lines.
-What it calls is in trainer/ (the core); a job of a sweep adds the infrastructure of
-trainer/launch.py, loaded in `hydra_main` only then. docs/training.md describes the
-configuration, the run directory and the resume rules. Exit codes: 0 done (a diverged run with
-trainer.on_nan=stop included), 2 bad config, data or checkpoint, 3 diverged with
-trainer.on_nan=raise, 128+signal when stopped by SIGINT/SIGTERM (a checkpoint to resume from is
-written first).
+docs/training.md describes the configuration, the run directory and the resume rules. Exit
+codes (trainer/job.py): 0 done (or diverged with trainer.on_nan=stop), 2 bad config, data or
+checkpoint, 3 diverged with trainer.on_nan=raise, 128+signal when stopped by SIGINT/SIGTERM.
 """
 
 import signal

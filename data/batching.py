@@ -5,6 +5,7 @@ draws the batches of the uninterrupted one, and every rank draws the same global
 and keeps its b = B // world_size rows, so the batch does not depend on the number of processes.
 """  # noqa: E501
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Protocol
@@ -66,13 +67,18 @@ class TrainingData(Protocol):
     eot_id: int
     tokenizer_path: Optional[Path]   # copied into the run directory; None: ids are not text
     meta: dict                       # run.json's "data"
-    # targets are answers: evaluations report accuracy, and the final score reads the whole
-    # fixed validation set from whole_validation(shape) (RecallData) instead of a token split
+    # targets are answers (RecallData): evaluations report accuracy, not bits per byte
     scores_answers: bool
+    val: Optional[Sequence[int]]     # the validation tokens scored at the end; None: answers
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids) -> str: ...
     def describe(self) -> str: ...   # the data part of the run's start line
+    def val_bpb(self, loss: float) -> Optional[float]: ...   # bits per byte; None: not text
+
+    def whole_validation(self, shape: BatchShape) -> Optional[list[Batch]]:
+        """The fixed validation set whose answers the end-of-run score reads (this rank's rows
+        of each global batch); None where it reads the token split `val` instead."""
 
     def batches(self, shape: BatchShape, n_eval: int,
                 seed: int) -> tuple[dict[str, list[Batch]], Sampler]:

@@ -56,6 +56,13 @@ class PreparedData:
     def describe(self) -> str:
         return f"{len(self.train):,} train / {len(self.val):,} val tokens, vocab {self.vocab_size}"
 
+    def val_bpb(self, loss: float) -> float:
+        """A validation loss in bits per byte of the validation text."""
+        return bits_per_byte(loss, self.meta["bytes_per_token"]["val"])
+
+    def whole_validation(self, shape: "BatchShape") -> None:
+        """None: the end-of-run score reads the whole token split `val` (TrainingData)."""
+
     def batches(self, shape: "BatchShape", n_eval: int,
                 seed: int) -> tuple[dict[str, list["Batch"]], "Batcher"]:
         """TrainingData.batches: evaluation windows drawn with EVAL_SEED, training with seed."""

@@ -180,6 +180,7 @@ class RecallData:
 
     eot_id = pad_id
     tokenizer_path = None      # ids are symbols, there is no text tokenizer to copy
+    val = None                 # no token split: the end-of-run score reads whole_validation
 
     @property
     def chance(self) -> float:
@@ -193,6 +194,9 @@ class RecallData:
         return {"task": self.cfg.task, "seq_len": self.cfg.seq_len,
                 "vocab_size": self.vocab_size, "answers_per_sequence": answers,
                 "val_sequences": self.cfg.val_sequences, "chance_accuracy": self.chance}
+
+    def val_bpb(self, loss: float) -> None:
+        """None: symbols have no bytes; evaluations report accuracy (scores_answers)."""
 
     def encode(self, text: str) -> list[int]:
         raise DataError("The recall task has symbol ids, not text, so trainer.sample_prompts "

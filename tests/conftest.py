@@ -48,7 +48,7 @@ def single_thread():
 OPTIONS = {"model.cpu_autocast", "data.text", "data.hub", "data.bpe",
            "data.padded", "data.recall", "trainer.loggers", "trainer.resume",
            "trainer.overrides", "trainer.qk_clip", "model.mup", "model.rope", "model.length",
-           "trainer.long_eval", "trainer.z_loss"}
+           "trainer.long_eval", "trainer.z_loss", "trainer.qk_lr_mult", "trainer.checkpoint_v1"}
 INFRASTRUCTURE = {"trainer.launch"}
 
 

@@ -23,6 +23,8 @@ SEAMS = {
     ("trainer.build", "step_hooks", "trainer.z_loss"),
     ("trainer.build", "attention_class", "model.cpu_autocast"),
     ("trainer.build", "make_optimizer", "model.mup"),
+    ("trainer.build", "make_optimizer", "trainer.qk_lr_mult"),
+    ("trainer.checkpoint", "read", "trainer.checkpoint_v1"),
     ("model.gpt", "__init__", "model.mup"),
     ("model.attention", "__init__", "model.rope"),
     ("model.attention", "__init__", "model.length"),

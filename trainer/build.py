@@ -256,10 +256,8 @@ def precision_name(dtype: Optional[torch.dtype]) -> str:
 def make_optimizer(model: GPT, optim_cfg: OptimConfig,
                    device: torch.device) -> torch.optim.AdamW:
     """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales;
-    under param=mup the hidden matrices in a group of their own (model/mup.py). W_q and W_k
-    (weights and biases) train at lr x optim.qk_lr_mult with weight decay / qk_lr_mult, in
-    groups of their own when the multiplier is not 1. Fused: one kernel for all parameters, on
-    the CPU too (docs/benchmarks.md)."""
+    muP's and optim.qk_lr_mult's groups where set. Fused: one kernel for all parameters, on the
+    CPU too (docs/benchmarks.md)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if model.config.param.name == "mup":
         from model import mup  # an option: loaded only for param=mup
@@ -269,27 +267,11 @@ def make_optimizer(model: GPT, optim_cfg: OptimConfig,
                    "weight_decay": optim_cfg.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if optim_cfg.qk_lr_mult != 1.0:
+        from trainer.qk_lr_mult import qk_groups  # an option: loaded only when it is not 1
         groups = qk_groups(groups, model, optim_cfg.lr, optim_cfg.qk_lr_mult)
     return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                              eps=optim_cfg.eps,
                              fused=True if device.type in ("cuda", "cpu") else None)
-
-
-def qk_groups(groups: list[dict], model: GPT, lr: float, mult: float) -> list[dict]:
-    """Each group split in two: its W_q and W_k parameters at the group's LR x mult and weight
-    decay / mult (so lr x decay, the shrink a step, is unchanged), the rest as they were. Under
-    param=mup the group's LR is muP's lr / m, so W_q and W_k train at lr / m x mult."""
-    qk = {id(p) for block in model.blocks
-          for p in (*block.attn.q_proj.parameters(), *block.attn.k_proj.parameters())}
-    split = []
-    for group in groups:
-        rest = [p for p in group["params"] if id(p) not in qk]
-        mine = [p for p in group["params"] if id(p) in qk]
-        split.append({**group, "params": rest})
-        if mine:
-            split.append({**group, "params": mine, "lr": group.get("lr", lr) * mult,
-                          "weight_decay": group["weight_decay"] / mult})
-    return split
 
 
 def lr_at(step: int, optim_cfg: OptimConfig, max_steps: int) -> float:

@@ -19,8 +19,7 @@ from model.errors import UserError
 from trainer.build import Run
 from trainer.files import atomic_write
 
-# version 2: W_q, W_k, W_v are separate matrices (q_proj, k_proj, v_proj); version 1 fused them
-# into one qkv weight, whose weights `read` splits (its optimizer state cannot be resumed)
+# version 2: W_q, W_k, W_v are separate matrices; version 1's fused ones are split on reading
 FORMAT, VERSION = "attnscale-checkpoint", 2
 class CheckpointError(UserError):
     """A checkpoint that cannot be used; `problem` says why, callers say what to do."""
@@ -57,21 +56,10 @@ def read(path: Path) -> dict:
         raise CheckpointError(path, (
             f"it is an attnscale checkpoint of format version {ckpt.get('version')!r}; this "
             f"code reads versions 1 and {VERSION}."))
-    return {**ckpt, "model": unfuse_qkv(ckpt["model"])} if ckpt["version"] == 1 else ckpt
-
-
-def unfuse_qkv(weights: dict) -> dict:
-    """Version 1's model weights with each fused `attn.qkv` (rows q, then k, then v) split
-    into `attn.q_proj`, `attn.k_proj`, `attn.v_proj`."""
-    out = {}
-    for name, tensor in weights.items():
-        prefix, dot, kind = name.rpartition(".qkv.")
-        if not dot:
-            out[name] = tensor
-            continue
-        for proj, part in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0)):
-            out[f"{prefix}.{proj}.{kind}"] = part.clone()
-    return out
+    if ckpt["version"] == 1:   # loaded only for such a file
+        from trainer.checkpoint_v1 import unfuse_qkv
+        return {**ckpt, "model": unfuse_qkv(ckpt["model"])}
+    return ckpt
 
 
 def save(run: Run, path: Path, full: bool = True) -> None:

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from data.batching import BatchShape
-from data.prepare import bits_per_byte
 from model.config import IGNORE_INDEX
 from model.gpt import GPT, eval_mode
 from trainer import checkpoint
@@ -45,12 +44,6 @@ def estimate(model: torch.nn.Module, batches, autocast: AbstractContextManager,
             total += torch.cat([loss_sum.float()[None], accuracy_counts(logits, targets)])
     loss_sum, correct, count = all_reduce_sum(total).tolist()
     return loss_sum / count, correct / count, int(count)
-
-
-def val_bpb(run: Run, loss: float) -> Optional[float]:
-    """Bits per byte of a validation loss; None for a generated task, which has no bytes."""
-    per_token = run.data.meta.get("bytes_per_token")
-    return bits_per_byte(loss, per_token["val"]) if per_token else None
 
 
 def attention_record(model: GPT, batch, device: torch.device) -> dict:
@@ -82,7 +75,7 @@ def evaluate(run: Run, step: int, lr: float, tokens_per_sec: Optional[float]) ->
         estimate(model, run.eval_batches[split], compute.autocast, compute.device)
         for split in ("val", "train"))
     record = {"kind": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss,
-              "val_bpb": val_bpb(run, val_loss), "lr": lr, "tokens_per_sec": tokens_per_sec}
+              "val_bpb": run.data.val_bpb(val_loss), "lr": lr, "tokens_per_sec": tokens_per_sec}
     if run.data.scores_answers:
         record["val_accuracy"] = accuracy
     if compute.rank == 0:
@@ -147,15 +140,16 @@ def evaluate_full(run: Run) -> dict:
     compute, train_cfg = run.compute, run.config.train_cfg
     shape = BatchShape(train_cfg.batch_size, run.config.model_cfg.block_size, compute.rank,
                        compute.world)
-    if run.data.scores_answers:
-        loss, accuracy, answers = estimate(run.state.model, run.data.whole_validation(shape),
-                                           compute.autocast, compute.device)
+    answers = run.data.whole_validation(shape)
+    if answers is not None:
+        loss, accuracy, n_answers = estimate(run.state.model, answers, compute.autocast,
+                                             compute.device)
         return {"final_val_loss_full": loss, "final_val_bpb_full": None,
-                "full_eval_targets": answers, "full_eval_split_targets": answers,
+                "full_eval_targets": n_answers, "full_eval_split_targets": n_answers,
                 "final_val_accuracy": accuracy}
     full = full_split_loss(run.state.model, run.data.val, shape, compute.autocast,
                            train_cfg.full_eval_tokens)
-    return {"final_val_loss_full": full.loss, "final_val_bpb_full": val_bpb(run, full.loss),
+    return {"final_val_loss_full": full.loss, "final_val_bpb_full": run.data.val_bpb(full.loss),
             "full_eval_targets": full.targets, "full_eval_split_targets": full.split_targets}
 
 

@@ -3,10 +3,8 @@
 
 SIGINT/SIGTERM become a flag the loop reads between steps: the step in flight finishes, last.pt
 is written, and the process exits with 128 + the signal number after printing how to resume.
-`Job` is a run started on its own (`python train.py`, torchrun); a sweep's job does some of
-this differently (trainer/launch.py, the infrastructure, subclasses it; train.py picks it). The
-resume command is built by trainer/resume.py. Under torchrun the processes join one process
-group and share rank 0's run directory; only rank 0's Hydra makes one.
+`Job` is a run started on its own (`python train.py`, torchrun); trainer/launch.py's SweepJob
+is a sweep's. Under torchrun the processes join one group and share rank 0's run directory.
 """
 
 import os
@@ -101,14 +99,13 @@ class Job:
 
     def end_on(self, err: Exception, run_dir: Path, script: str,
                resume: Optional[str]) -> NoReturn:
-        """Leave after `err`, with the exit code its kind says: UserError 2 (rank 0 removes the
-        run directory if nothing was written), Interrupted 128 + signal (rank 0 prints how to
-        resume), Diverged 3."""
-        rank, world = process_rank(), world_size()
+        """Leave after `err`: UserError 2 (an unstarted run directory removed), Interrupted 128
+        + signal (how to resume printed), Diverged 3."""
+        rank = process_rank()
         if isinstance(err, Interrupted):
             if rank == 0:
-                how = "".join(f"\nResume {what} with:\n  {command}"
-                              for what, command in self.resume_commands(run_dir, world, script))
+                how = "".join(f"\nResume {what} with:\n  {command}" for what, command
+                              in self.resume_commands(run_dir, world_size(), script))
                 print(f"{err}; checkpoint {err.checkpoint}.{how}", file=sys.stderr)
             self.after_stop(err.signum, resume)
             self.end(128 + err.signum, run_dir)
@@ -150,9 +147,8 @@ def rank_argv(argv: list[str]) -> list[str]:
 
 
 def exit_if_sweep_stopped(script: str) -> None:
-    """After Hydra returns or raises: a parallel sweep's launcher configs load trainer/launch.py
-    (their callback); if it stopped the sweep on a signal, it prints how to resume the sweep
-    and exits with 128 + the signal. Found loaded, never imported here."""
+    """A parallel sweep's launcher configs load trainer/launch.py (found loaded, not imported):
+    if it stopped the sweep on a signal, print how to resume it and exit with 128 + signal."""
     launch = sys.modules.get("trainer.launch")
     if launch is not None:
         launch.exit_if_stopped(script)

@@ -4,9 +4,8 @@ The loss of a step is the sum of the token losses of all its micro-batches and p
 their count of real targets: a padded micro-batch with few real tokens weighs as few tokens,
 and the step does not depend on how the global batch is split over processes.
 
-Options attach where their configs name them, as state.hooks (trainer/build.py's StepHooks):
-trainer.z_loss a term on the loss (trainer/z_loss.py), optim.qk_clip a hook after AdamW
-(trainer/qk_clip.py). A check step also returns its gradient `Diagnostics`.
+Options attach as state.hooks (trainer/build.py's StepHooks): trainer.z_loss a term on the loss,
+optim.qk_clip a hook after AdamW. A check step also returns its gradient `Diagnostics`.
 """
 
 import math
