@@ -285,8 +285,9 @@ def command_line() -> argparse.ArgumentParser:
 def report(args, levels: Optional[dict]) -> int:
     runs, skipped, read, csv_levels, bad = read_runs(args)
     if not bad and not runs:
-        bad = (f"no run with eval records found in {', '.join(map(str, args.sweeps + args.from_csv))};"
-               " point it at a sweep's folder of jobs.")
+        bad = ("no run with eval records found in"
+               f" {', '.join(map(str, args.sweeps + args.from_csv))}; point it at a sweep's"
+               " folder of jobs.")
     groups = group_runs(runs) if runs else {}
     pairs, bad = (parse_pairs(args.pair, groups) if not bad else ([], bad))
     against, bad = (parse_against(args.against, runs) if not bad else ([], bad))

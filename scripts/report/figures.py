@@ -48,28 +48,44 @@ def panel_grid(frame: Frame, groups: dict, rows: int = 0, height: float = 2.6):
     return fig, axes, settings
 
 
+def draw_panel(ax, frame: Frame, members: dict, row: tuple) -> tuple[list, set]:
+    """One panel: a mean line (and band) per arm of `members` (the groups at its setting).
+    row: (series of a run, bounds, log y). Returns each line's n and the arms with a 0 that
+    a log axis leaves out."""
+    series_of, bounds, log = row
+    ns, zeros = [], set()
+    for key, runs in members.items():
+        series = [series_of(r) for r in runs]
+        if log and any(v == 0 for _, ys in series for v in ys):
+            zeros.add(frame.arms.name(key))
+        agg = style.aggregate(series, log)
+        if agg is not None:
+            style.draw_mean(ax, agg, frame.looks[frame.arms.name(key)],
+                            arm_label(frame, key, runs), bounds)
+            ns.append(len(runs))
+    ax.set_yscale("log" if log else "linear")
+    ax.grid(alpha=0.3)
+    return ns, zeros
+
+
+def at(frame: Frame, groups: dict, setting: tuple) -> dict:
+    return {k: g for k, g in groups.items() if frame.arms.setting(k) == setting}
+
+
 def step_curves(frame: Frame, groups: dict, series_of, y: tuple, title: str):
     """y: (label, bounds of the quantity, reference levels, log y); a panel per setting."""
     ylabel, bounds, levels, log = y
     fig, axes, settings = panel_grid(frame, groups)
     ns = []
-    for i, setting in enumerate(settings):
-        ax = axes.flat[i]
-        for key, runs in groups.items():
-            agg = style.aggregate([series_of(r) for r in runs]) \
-                if frame.arms.setting(key) == setting else None
-            if agg is not None:
-                style.draw_mean(ax, agg, frame.looks[frame.arms.name(key)],
-                                arm_label(frame, key, runs), bounds)
-                ns.append(len(runs))
+    for ax, setting in zip(axes.flat, settings):
+        ns += draw_panel(ax, frame, at(frame, groups, setting), (series_of, bounds, log))[0]
         style.reference_lines(ax, levels or {})
         if bounds == SHARE:   # a share: its whole range
             ax.set_ylim(-0.04, 1.04)
         ax.set(title=panel_title(setting), xlabel="step", ylabel=ylabel)
         ax.title.set_fontsize(9)
-        ax.set_yscale("log" if log else "linear")
-        ax.grid(alpha=0.3)
-    return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}")
+    geometric = "; log y: geometric mean" if log else ""
+    return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}{geometric}")
 
 
 def panel_title(setting: tuple) -> str:
@@ -94,7 +110,7 @@ def plot_losses(frame: Frame, groups: dict):
     log = bool(values) and max(values) >= 10 * min(values)
     levels = {**(frame.levels or {}), **chance_loss(groups)}
     return step_curves(frame, groups, lambda r: eval_series(r, "val_loss", None),
-                       ("val loss (nats)", POSITIVE, levels, log),
+                       ("val loss (nats)", (0.0, max(values, default=math.inf)), levels, log),
                        "Validation loss on the fixed sampled batches (not the tables'"
                        " whole-split loss)")
 
@@ -115,28 +131,25 @@ def plot_accuracy(frame: Frame, groups: dict):
 
 def plot_vs_baseline(frame: Frame, groups: dict):
     """Each arm's sampled val loss minus the baseline arm's at the same setting, seed, step."""
-    reference = {frame.arms.setting(k): g for k, g in groups.items()
-                 if frame.arms.name(k) == frame.baseline}
+    base = {(frame.arms.setting(k), r.seed): r for k, g in groups.items()
+            if frame.arms.name(k) == frame.baseline for r in g}
+    pairs = {id(r): base.get((frame.arms.setting(k), r.seed)) for k, g in groups.items()
+             for r in g}
+    others = {k: [r for r in g if pairs[id(r)]] for k, g in groups.items()
+              if frame.arms.name(k) != frame.baseline}
+    others = {k: g for k, g in others.items() if g}
     top = max((v for g in groups.values() for r in g
                for v in eval_series(r, "val_loss", None)[1] if math.isfinite(v)), default=0.0)
 
-    def difference(run, base):
-        other = next((r for r in base if r.seed == run.seed), None)
-        mine, theirs = (dict(zip(*eval_series(x, "val_loss", None))) for x in (run, other))
+    def difference(run):
+        mine, theirs = (dict(zip(*eval_series(x, "val_loss", None))) for x in (run, pairs[id(run)]))
         steps = sorted(set(mine) & set(theirs))
         return steps, [mine[t] - theirs[t] for t in steps]
 
-    others = {k: [r for r in g if any(b.seed == r.seed for b in reference.get(
-        frame.arms.setting(k), []))] for k, g in groups.items()
-        if frame.arms.name(k) != frame.baseline}
-    others = {k: g for k, g in others.items() if g}
-    if not others:
-        return None
-    setting_of = {id(r): frame.arms.setting(k) for k, g in others.items() for r in g}
-    return step_curves(frame, others, lambda r: difference(r, reference[setting_of[id(r)]]),
-                       (f"val loss − {frame.baseline}'s (nats)", (-top, top), {"no difference": 0.0},
-                        False), f"Sampled val loss minus {frame.baseline}'s at the same seed"
-                       f" and step (below 0: lower than {frame.baseline})")
+    return step_curves(frame, others, difference, (
+        f"val loss − {frame.baseline}'s (nats)", (-top, top), {"no difference": 0.0}, False),
+        f"Sampled val loss minus {frame.baseline}'s at the same seed and step (below 0: lower"
+        f" than {frame.baseline})") if others else None
 
 
 def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str):
@@ -144,25 +157,15 @@ def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str):
     a log row leaves out values of 0, and the title says whose."""
     fig, axes, settings = panel_grid(frame, groups, rows=len(rows), height=2.1)
     ns, zeros = [], {}
-    for i, (ylabel, series_of, bounds, log) in enumerate(rows):
+    for i, (ylabel, *row) in enumerate(rows):
         for j, setting in enumerate(settings):
-            ax = axes[i][j]
-            for key, runs in groups.items():
-                if frame.arms.setting(key) != setting:
-                    continue
-                series = [series_of(r) for r in runs]
-                if log and any(v == 0 for _, ys in series for v in ys):
-                    zeros.setdefault(frame.arms.name(key), set()).add(ylabel.split("\n")[0])
-                agg = style.aggregate(series, log)
-                if agg is not None:
-                    style.draw_mean(ax, agg, frame.looks[frame.arms.name(key)],
-                                    arm_label(frame, key, runs), bounds)
-                    ns.append(len(runs))
-            ax.set_yscale("log" if log else "linear")
-            ax.grid(alpha=0.3)
-            ax.set_title(panel_title(setting) if i == 0 else "", fontsize=9)
-            ax.set_ylabel(ylabel if j == 0 else "", fontsize=8)
-            ax.set_xlabel("step" if i == len(rows) - 1 else "")
+            n, zero = draw_panel(axes[i][j], frame, at(frame, groups, setting), tuple(row))
+            ns += n
+            for arm in zero:
+                zeros.setdefault(arm, set()).add(ylabel.split("\n")[0])
+            axes[i][j].set_title(panel_title(setting) if i == 0 else "", fontsize=9)
+            axes[i][j].set_ylabel(ylabel if j == 0 else "", fontsize=8)
+            axes[i][j].set_xlabel("step" if i == len(rows) - 1 else "")
     left = "; ".join(f"{arm}: 0 in {', '.join(sorted(r))}" for arm, r in zeros.items())
     return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}; log rows:"
                         " geometric mean" + (f"\nleft out of the log rows, values of 0 (a log"

@@ -223,17 +223,20 @@ def texts_outside(fig) -> list[str]:
 
 
 def quantity_range(ylabel: str, study: str) -> tuple[float, float]:
-    """The range a panel's quantity can take, read from its y label."""
+    """The range a panel's quantity can take, read from its y label: a loss is at most the
+    highest loss recorded (at init, as a rule)."""
     text = ylabel.lower()
     if "accuracy" in text or "saturated" in text or "/ ln" in text:
         return 0.0, 1.0
     if "entropy" in text:
         blocks = [float(c["settings"].get("model.block_size", 64)) for c in curves_of(study)]
         return 0.0, math.log(max(blocks or [64.0]))
+    losses = [e.get("val_loss") for c in curves_of(study) for e in c["evals"]]
+    losses += [float(r["init_val_loss"]) for r in runs_of(study) if r["init_val_loss"]]
+    top = max(v for v in losses if v is not None and math.isfinite(v))
     if "−" in text or " - " in text:   # a difference of losses: within the losses drawn
-        top = max((e.get("val_loss") or 0.0) for c in curves_of(study) for e in c["evals"])
         return -top, top
-    return 0.0, math.inf
+    return (0.0, top) if "loss" in text else (0.0, math.inf)   # a loss: up to the highest
 
 
 def interval_artists(ax) -> list:

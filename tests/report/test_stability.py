@@ -1,6 +1,7 @@
-"""The high-LR report (lr_stability.png of scripts/report/lr_figure.py, and the LR tables' pairing of a bound
-against the same scale without it): on conftest.stability_sweep, where sqrt_dk fails at 1e-1,
-none at 1e-2 (seed 2) and 1e-1, and sqrt_dk with scaling.softcap=50 at no LR."""
+"""The high-LR report (lr_stability.png of scripts/report/lr_figure.py, and the LR tables'
+pairing of a bound against the same scale without it): on conftest.stability_sweep, where
+sqrt_dk fails at 1e-1, none at 1e-2 (seed 2) and 1e-1, and sqrt_dk with scaling.softcap=50
+at no LR."""
 
 import math
 
