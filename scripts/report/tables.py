@@ -515,19 +515,6 @@ def attention_section(groups: dict) -> list[str]:
             *diagnostics_table(groups, -1, "Last evaluation")]
 
 
-FIGURES = {
-    "loss_curves.png": "validation loss on the sampled batches against step",
-    "accuracy_curves.png": "validation accuracy on the sampled batches against step",
-    "loss_vs_baseline.png": "sampled validation loss minus the baseline's, same seed and step",
-    "diagnostics.png": "attention statistics of the fixed validation batch against step",
-    "qk_grad_norms.png": "gradient norms of the q and k projections against step",
-    "lr_transfer.png": "final loss against learning rate, every seed",
-    "lr_stability.png": "largest logit and most one-hot head's entropy at high learning rates",
-    "width_transfer.png": "loss against learning rate per width, and each seed's optimal LR",
-}
-HEADS = "per-head attention statistics of one run (the note below names it)"
-
-
 def appendix(runs, reading: Reading, skipped: list[str], notes: list[str],
              figures: tuple = ()) -> str:
     """The end of results.md: the figures, the failed runs, those still running, what was
@@ -538,8 +525,8 @@ def appendix(runs, reading: Reading, skipped: list[str], notes: list[str],
         lines += ["", "## Still running (no summary.json)", ""]
         lines += [f"- {r.path} (last eval at step {r.evals[-1].get('step')})" for r in partial]
     lines += ["", "## Skipped", ""] + ([f"- {s}" for s in skipped] or ["- none"])
-    lines += ["", "## Figures", ""] + [f"- `{name}`: {FIGURES.get(name, HEADS)}"
-                                      for name in figures] if figures else []
+    lines += ["", "## Figures", "", "What each shows: docs/report.md, \"The figures and what"
+              " they promise\".", ""] + [f"- `{name}`" for name in figures] if figures else []
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
