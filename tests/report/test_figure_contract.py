@@ -1,4 +1,4 @@
-"""The figure contract of docs/report.md ("What the figures promise"), checked on the drawn
+"""The figure contract of docs/report.md ("The figures and what they promise"), checked on the drawn
 matplotlib objects of every committed study: each study's figures are drawn from its committed
 runs.csv and curves.jsonl by the --from-csv command of its preset's header (STUDIES), and every
 figure is checked (not rendered to a file: savefig keeps the Figure):
