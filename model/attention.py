@@ -6,16 +6,9 @@
 d_model), `M` the additive mask: 0 where a key may be attended, -inf where not (build_mask).
 `explicit` computes the equation line by line and keeps the weights; `sdpa` hands the same q,
 k, v, s and M to F.scaled_dot_product_attention; forward picks one with a single `if`, and
-tests hold the two equal. The scales (ScalingConfig.name; docs/scaling.md explains them):
-    sqrt_dk   s = 1/sqrt(d_head)                          Vaswani et al. 2017, sec. 3.2.1
-    none      s = 1                                       the ablation
-    dk        s = alpha/d_head, alpha = scaling.attn_mult    muP, Yang et al. 2022 (alpha 1
-              under param=sp; under param=mup 1/sqrt(d_head) at the base width)
-    constant  s = 1/divisor whatever d_head               a fixed divisor (8 by default)
-    learned   s = exp(log_scale[h]) per head, starting at 1/sqrt(d_head)
-    qk_norm   LayerNorm/RMSNorm q and k per head, then s = 1/sqrt(d_head)   Dehghani et al. 2023
-    uniform   s = 0: every allowed key gets the same weight whatever q and k are; the
-              control that says what attention's selectivity buys
+tests hold the two equal. The scale is SCALES[scaling.name](d_head, scaling) (model/config.py
+holds every variant's formula; docs/scaling.md explains them); `learned` keeps one learned
+log-scale per head instead, and `uniform`'s s = 0 gives every allowed key the same weight.
 Optional soft-cap (Gemma 2, Gemma Team 2024): logits <- c * tanh(logits / c), after the scale.
 Options loaded only when named: model.pos=rope turns q and k by their positions (model/rope.py);
 scaling.length multiplies row i's q by g(n_i), n_i its allowed keys (model/length.py).
@@ -38,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model import diagnostics
-from model.config import GPTConfig
+from model.config import SCALES, GPTConfig
 
 
 class Mask(NamedTuple):
@@ -121,7 +114,8 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_head * d_head, bias=bias)
         self.proj = nn.Linear(n_head * d_head, d_model, bias=bias)
         if scaling.name == "learned":  # per-head, in log space to stay positive
-            self.log_scale = nn.Parameter(torch.full((n_head,), -0.5 * math.log(d_head)))
+            start = math.log(SCALES["learned"](d_head, scaling))
+            self.log_scale = nn.Parameter(torch.full((n_head,), start))
         if scaling.name == "qk_norm":  # each head's q and k over D, with a learnable gain
             norm = partial(nn.LayerNorm, bias=False) if scaling.norm == "layernorm" else nn.RMSNorm
             self.q_norm, self.k_norm = norm(d_head, eps=1e-5), norm(d_head, eps=1e-5)
@@ -135,15 +129,11 @@ class MultiHeadAttention(nn.Module):
 
     def scale(self) -> float | Tensor:
         """The score scale s: a float, or for `learned` a (H, 1, 1) tensor (one per head)."""
-        name, D = self.scaling.name, self.d_head
-        if name == "learned":
+        if self.scaling.name == "learned":
             return self.log_scale.exp().view(self.n_head, 1, 1)  # (H, 1, 1)
-        if name == "dk":  # alpha / d_head; GPTConfig fills alpha in from param when null
-            return self.scaling.attn_mult / D
         # uniform: every logit is 0, so softmax over the allowed keys is 1/(number allowed): the
         # masks and the fully-masked-row policy apply unchanged, and q, k get zero gradient
-        return {"sqrt_dk": 1.0 / math.sqrt(D), "qk_norm": 1.0 / math.sqrt(D), "none": 1.0,
-                "constant": 1.0 / self.scaling.divisor, "uniform": 0.0}[name]
+        return SCALES[self.scaling.name](self.d_head, self.scaling)
 
     def forward(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None) -> Tensor:

@@ -13,7 +13,20 @@ from model.errors import ConfigError, check_dropout, check_positive_int, is_posi
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
 SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest weight exceeds this
 
-SCALINGS = ("sqrt_dk", "none", "dk", "constant", "learned", "qk_norm", "uniform")
+# The score scales, the one place each is defined: s as a function of the head width d and the
+# ScalingConfig c. Only the chosen one is evaluated. `learned` starts at this value and learns
+# one log-scale per head; `qk_norm` normalises q and k first; `uniform` makes every logit 0, so
+# each allowed key gets the same weight. Adding a scale: docs/scaling.md, "Adding a scale".
+SCALES = {
+    "sqrt_dk": lambda d, c: 1 / math.sqrt(d),    # Vaswani et al. 2017, sec. 3.2.1
+    "none": lambda d, c: 1.0,                    # the ablation
+    "dk": lambda d, c: c.attn_mult / d,          # muP (Yang et al. 2022); attn_mult from param
+    "constant": lambda d, c: 1 / c.divisor,      # one divisor whatever the width
+    "learned": lambda d, c: 1 / math.sqrt(d),    # a temperature per head (cf. Swin v2)
+    "qk_norm": lambda d, c: 1 / math.sqrt(d),    # LN(q).LN(k) (Dehghani et al. 2023)
+    "uniform": lambda d, c: 0.0,                 # the control: what selectivity buys
+}
+SCALINGS = tuple(SCALES)
 LENGTHS = ("fixed", "log_n", "log_n_eval", "ssmax")   # scaling.length: model/length.py
 POSITIONS = ("learned", "rope", "nope")   # model.pos: an embedding table, model/rope.py, none
 QK_NORMS = ("layernorm", "rmsnorm")
@@ -23,7 +36,7 @@ ATTN_IMPLS = ("auto", "explicit", "sdpa")
 
 @dataclass(frozen=True)
 class ScalingConfig:
-    """Which score scale `s` the attention uses (the table in the module docstring)."""
+    """Which score scale `s` the attention uses (SCALES above)."""
 
     name: str = "sqrt_dk"
     divisor: float = 8.0  # `constant`: logits = q.k / divisor whatever d_head

@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 import torch
 import torch.nn as nn
+from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -251,9 +252,18 @@ def test_sqrt_dk_equals_torch_multihead_attention(mode):
 
 # ---------------------------------------------------------------- the scale of each variant
 
+# Each variant's s at initialisation, written by hand from its source (D head width, c the
+# ScalingConfig): the one test table a new scale adds a row to
+BY_HAND = {"sqrt_dk": lambda D, c: D ** -0.5, "none": lambda D, c: 1.0,
+           "dk": lambda D, c: 1 / D, "constant": lambda D, c: 1 / c.divisor,
+           "learned": lambda D, c: D ** -0.5, "qk_norm": lambda D, c: D ** -0.5,
+           "uniform": lambda D, c: 0.0}
 D_HEAD = 16  # distinguishes every variant: 1/4, 1, 1/16, 1/8 ...
-EXPECTED_SCALE = {"sqrt_dk": 0.25, "none": 1.0, "dk": 1 / 16, "constant": 1 / 8,
-                  "learned": 0.25, "qk_norm": 0.25, "uniform": 0.0}
+
+
+def test_every_scale_has_a_row_by_hand_and_a_config_file():
+    assert set(BY_HAND) == set(SCALINGS)
+    assert all((ROOT / "configs" / "scaling" / f"{name}.yaml").is_file() for name in SCALINGS)
 
 
 @pytest.mark.parametrize("name", SCALINGS)
@@ -261,7 +271,7 @@ def test_scale_at_initialisation(name):
     mha = attention_layer(32, 2, D_HEAD, ScalingConfig(name))
     s = mha.scale()
     s = s.detach().flatten().tolist() if isinstance(s, torch.Tensor) else [s]
-    assert s == pytest.approx([EXPECTED_SCALE[name]] * len(s), rel=1e-6)
+    assert s == pytest.approx([BY_HAND[name](D_HEAD, ScalingConfig(name))] * len(s), rel=1e-6)
     assert attention_layer(32, 2, D_HEAD, ScalingConfig("constant", divisor=5.0)).scale() == 0.2
 
 
@@ -274,7 +284,7 @@ def test_logits_are_qk_times_the_variant_factor(name):
     with torch.no_grad():
         q = (x @ mha.q_proj.weight.T + mha.q_proj.bias).view(B, T, H, D_HEAD).transpose(1, 2)
         k = (x @ mha.k_proj.weight.T + mha.k_proj.bias).view(B, T, H, D_HEAD).transpose(1, 2)
-        factor = torch.full((H, 1, 1), EXPECTED_SCALE[name])
+        factor = torch.full((H, 1, 1), BY_HAND[name](D_HEAD, mha.scaling))
         if name == "learned":
             factor = mha.log_scale.exp().view(H, 1, 1)
         if name == "qk_norm":  # LayerNorm over D (no bias) with the learnable gain
@@ -348,12 +358,10 @@ def qk_by_hand(mha, x):
 
 
 def factor_by_hand(mha):
-    """The score scale of the variant as the module docstring's table gives it: (H|1, 1, 1)."""
-    D, name = mha.d_head, mha.scaling.name
-    if name == "learned":
+    """The score scale of the variant as BY_HAND gives it: (H|1, 1, 1)."""
+    if mha.scaling.name == "learned":
         return mha.log_scale.exp().view(-1, 1, 1)
-    factor = {"sqrt_dk": D ** -0.5, "qk_norm": D ** -0.5, "none": 1.0, "dk": 1 / D,
-              "constant": 1 / mha.scaling.divisor, "uniform": 0.0}[name]
+    factor = BY_HAND[mha.scaling.name](mha.d_head, mha.scaling)
     return torch.full((1, 1, 1), factor, dtype=torch.float64)
 
 
