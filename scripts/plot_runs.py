@@ -39,7 +39,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.errors import UserError  # noqa: E402
 from scripts.report import ngram  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
@@ -160,7 +159,7 @@ def parse_against(items: list[str], runs: list) -> tuple[list[tuple], str]:
         setting = []
         for part in item.split(","):
             key, sep, value = part.partition("=")
-            have = {r.variant if key == "scaling" else r.setting(key) for r in runs}
+            have = {run_value(r, key) for r in runs}
             if not sep or canonical(value) not in have:
                 choices = ", ".join("null" if v is None else v
                                     for v in sorted(have, key=value_order))
@@ -179,10 +178,13 @@ def pick_runs(item: str, runs: list) -> tuple[list, str]:
     wanted = [part.partition("=") for part in item.split(",")]
     if not all(sep for _, sep, _ in wanted):
         return [], f"--heads {item}: give a run folder or KEY=VALUE,... of one run"
-    value = {"trainer.seed": lambda r: r.seed, "scaling": lambda r: r.variant}
-    chosen = [r for r in runs if all(value.get(k, lambda r, k=k: r.setting(k))(r)
-                                     == canonical(v) for k, _, v in wanted)]
+    chosen = [r for r in runs if all(run_value(r, k) == canonical(v) for k, _, v in wanted)]
     return chosen, "" if chosen else f"--heads {item}: no run has these settings"
+
+
+def run_value(run, key: str):
+    """A run's value of a key as --heads and --against name it (its scale, its seed)."""
+    return {"scaling": run.variant, "trainer.seed": run.seed}.get(key, run.setting(key))
 
 
 def run_name(run, arms: Arms, groups: dict) -> str:
