@@ -31,15 +31,7 @@ from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank
 from trainer.evaluate import describe, evaluate, evaluate_full, write_samples
 from trainer.files import display_path
-from trainer.job import (
-    Diverged,
-    Interrupted,
-    Job,
-    StopSignal,
-    exit_if_sweep_stopped,
-    leave_processes,
-    rank_argv,
-)
+from trainer.job import Diverged, Interrupted, Job, StopSignal, exit_if_sweep_stopped, rank_argv
 from trainer.run_dir import RunDir, refuse_to_mix, remove_if_unstarted, summarize
 from trainer.schema import LoggerConfig, TrainerConfig, register_configs
 from trainer.step import train_step
@@ -48,9 +40,8 @@ SCRIPT = display_path(Path(__file__))   # train.py as the printed resume command
 
 
 def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional[dict]:
-    """Train as `cfg` says, writing into run_dir (rank 0); the summary, or None when a resumed
-    run is already finished. `job`: how this run was started (a single run by default).
-    Raises UserError (before writing anything), Interrupted, Diverged."""
+    """Train as `cfg` says into run_dir (rank 0); the summary, or None when a resumed run is
+    already finished. Raises UserError (before writing anything), Interrupted, Diverged."""
     job = job or Job()
     refuse_to_mix(cfg.trainer.resume, run_dir)   # before build: no process wrote yet
     run = build(cfg, job.jobs_at_once())
@@ -133,8 +124,7 @@ def check_all(loss: torch.Tensor, nonfinite: torch.Tensor, signum: int,
 
 def evaluate_and_log(run: Run, out: RunDir, step: int, lr: float,
                      tokens_per_sec: Optional[float]) -> None:
-    """Evaluate, log the record and print it, update the progress; save best.pt when the
-    validation loss improved."""
+    """Evaluate, log and print the record, update the progress; best.pt when val improved."""
     record = evaluate(run, step, lr, tokens_per_sec)
     out.log(record)
     out.say(describe(record))
@@ -144,8 +134,7 @@ def evaluate_and_log(run: Run, out: RunDir, step: int, lr: float,
 
 def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock",
            lengths: dict) -> dict:
-    """After the loop: the final weights on the whole validation split, samples from the best
-    weights, summary.json (and `lengths`' fields), the end of this segment in run.json."""
+    """After the loop: whole-split score, samples, summary.json, the end of the segment."""
     full = {} if diverged else evaluate_full(run)
     if full:
         out.say(describe(full))
@@ -163,8 +152,7 @@ def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock",
 
 
 class Clock:
-    """Tokens per second of training between check steps (evaluations and checkpoints not
-    counted), and the run's wall time over all its segments."""
+    """Training tokens per second between check steps; the run's wall time over its segments."""
 
     def __init__(self, step: int, tokens_per_step: int, wall_s: float):
         self.tokens_per_step, self.first_step, self.last_step = tokens_per_step, step, step
@@ -213,7 +201,7 @@ def hydra_main(cfg: DictConfig) -> None:
         together = isinstance(err, Interrupted)
         job.end_on(err, run_dir, SCRIPT, cfg.trainer.resume)
     finally:
-        leave_processes(together)
+        job.leave_processes(together)
     if rank == 0:
         print_outcome(summary, run_dir)
 

@@ -1,9 +1,9 @@
 """Training and validation batches from a flat token array (docs/data.md "Batching"): `concat`
-rows are random windows of T + 1 tokens across documents (nanoGPT); `pad` rows, one piece of one
-document each, right-padded, are an option (data/padded.py). Batch `step` is a pure function of (seed, step), so a resumed run
-draws the batches of the uninterrupted one, and every rank draws the same global batch (B rows)
-and keeps its b = B // world_size rows, so the batch does not depend on the number of processes.
-"""  # noqa: E501
+rows are random windows of T + 1 tokens across documents (nanoGPT; `pad`: data/padded.py).
+Batch `step` is a pure function of (seed, step), so a resumed run draws the batches of the
+uninterrupted one, and every rank draws the same global batch (B rows) and keeps its
+b = B // world_size rows, so the batch does not depend on the number of processes.
+"""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,8 +67,7 @@ class TrainingData(Protocol):
     eot_id: int
     tokenizer_path: Optional[Path]   # copied into the run directory; None: ids are not text
     meta: dict                       # run.json's "data"
-    # targets are answers (RecallData): evaluations report accuracy, not bits per byte
-    scores_answers: bool
+    scores_answers: bool             # targets are answers: accuracy is reported (RecallData)
     val: Optional[Sequence[int]]     # the validation tokens scored at the end; None: answers
 
     def encode(self, text: str) -> list[int]: ...
@@ -77,8 +76,7 @@ class TrainingData(Protocol):
     def val_bpb(self, loss: float) -> Optional[float]: ...   # bits per byte; None: not text
 
     def whole_validation(self, shape: BatchShape) -> Optional[list[Batch]]:
-        """The fixed validation set whose answers the end-of-run score reads (this rank's rows
-        of each global batch); None where it reads the token split `val` instead."""
+        """The answer set the end-of-run score reads (this rank's rows); None: it reads `val`."""
 
     def batches(self, shape: BatchShape, n_eval: int,
                 seed: int) -> tuple[dict[str, list[Batch]], Sampler]:

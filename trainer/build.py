@@ -1,8 +1,7 @@
 """Build a run from the composed config: processes, device, precision, data, model, optimizer.
 
-`build(cfg)` validates everything and writes nothing but the data cache; scripts/bench.py times
-the same objects. The run's parts are small types, each passed alone to the functions that use
-it; TrainState is what the next optimizer step depends on, and what last.pt saves.
+`build(cfg)` validates everything and writes nothing but the data cache. TrainState is what the
+next optimizer step depends on, and what last.pt saves.
 """
 
 import math
@@ -113,8 +112,7 @@ class Run:
 
 
 def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
-    """Validated configs, data, model, optimizer. Writes nothing but the data cache.
-    `jobs_at_once`: the sweep jobs that share this machine's cores (trainer.threads=auto)."""
+    """Validated configs, data, model, optimizer; `jobs_at_once`: for trainer.threads=auto."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     data_cfg, train_cfg = DataConfig(**resolved["data"]), TrainerConfig(**resolved["trainer"])
     optim_cfg = OptimConfig(**resolved["optim"])
@@ -155,8 +153,7 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
 
 
 def step_hooks(model: GPT, qk_clip: Optional[float], z_loss: float) -> StepHooks:
-    """The step's options, each loaded only when its config names it: trainer.z_loss a loss
-    term whose step sum clears after each step, optim.qk_clip a clip after AdamW."""
+    """The step's options, each loaded only when its config names it."""
     loss_term, after_step = None, ()
     if z_loss:
         from trainer.z_loss import ZLoss
@@ -170,8 +167,7 @@ def step_hooks(model: GPT, qk_clip: Optional[float], z_loss: float) -> StepHooks
 
 def attention_class(attn_impl: str, amp: Optional[torch.dtype],
                     device: torch.device) -> type[MultiHeadAttention]:
-    """MultiHeadAttention, or the CPU autocast route (model/cpu_autocast.py, an option) where it
-    differs from it: model.attn_impl=auto under CPU autocast."""
+    """MultiHeadAttention, or model/cpu_autocast.py's route: attn_impl=auto, CPU autocast."""
     if attn_impl == "auto" and amp is not None and device.type == "cpu":
         from model.cpu_autocast import CPUAutocastAttention  # loaded only for this route
         return CPUAutocastAttention
@@ -194,11 +190,9 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def choose_threads(threads, jobs: Optional[int] = None) -> tuple[Optional[int], str]:
-    """trainer.threads as a number (None: leave torch's count alone), and how auto chose it:
-    OMP_NUM_THREADS if set, else the available cores shared by this machine's torchrun
-    processes, at most MAX_AUTO_THREADS. In a joblib sweep the cores are shared among the
-    `jobs` running at once instead (jobs x threads <= cores); joblib sets OMP_NUM_THREADS in
-    its workers itself, so it is not read there."""
+    """trainer.threads as a number (None: torch's own), and how auto chose it: OMP_NUM_THREADS,
+    else the cores shared by this machine's torchrun processes, or by the `jobs` of a joblib
+    sweep (which sets OMP_NUM_THREADS itself), at most MAX_AUTO_THREADS."""
     if threads != "auto":
         return threads, ""
     omp = os.environ.get("OMP_NUM_THREADS", "")
@@ -236,10 +230,8 @@ DTYPES = dict(zip(AUTOCAST, (None, torch.bfloat16, torch.float16)))   # fp32: no
 
 
 def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype of trainer.precision (None: float32). auto: bf16 on GPUs (fp16
-    without bf16) and on CPUs with AMX tiles, else float32: on a CPU with AVX512-BF16 but no
-    AMX the default step measured faster in float32, and without either bf16 is emulated
-    (docs/benchmarks.md)."""
+    """The autocast dtype of trainer.precision (None: float32). auto: bf16 on GPUs (else fp16)
+    and CPUs with AMX tiles; float32 measured faster elsewhere (docs/benchmarks.md)."""
     if precision == "auto" and device.type == "cuda":
         precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     elif precision == "auto":

@@ -1,9 +1,7 @@
-"""Checkpoints: the format, saving and reading (resuming a run from one: trainer/resume.py).
-
-A checkpoint holds tensors and plain containers only, read with `torch.load(weights_only=True)`:
-opening a file someone hands you runs no code from it. best.pt holds the weights, configs and
-progress; last.pt adds the optimizer, scheduler, scaler and sampler states and one random-stream
-state per process (docs/training.md, "Checkpoint format", tables every field).
+"""Checkpoints: the format, saving and reading (resuming from one: trainer/resume.py). Tensors
+and plain containers only, read with `torch.load(weights_only=True)`: opening a file runs no code
+from it. best.pt: weights, configs, progress; last.pt adds the optimizer, scheduler, scaler and
+sampler states and each process's random streams (docs/training.md, "Checkpoint format").
 """
 
 import random
@@ -63,8 +61,7 @@ def read(path: Path) -> dict:
 
 
 def save(run: Run, path: Path, full: bool = True) -> None:
-    """Write the run's checkpoint (full=False: best.pt). Call on every rank: the random streams
-    of all processes are gathered, rank 0 writes."""
+    """Write the checkpoint (full=False: best.pt); call on every rank, rank 0 writes."""
     compute, state = run.compute, run.state
     rngs = [rng_state(compute.device)] * compute.world   # every process's own, once gathered
     if compute.world > 1:

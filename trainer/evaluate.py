@@ -1,9 +1,6 @@
 """Evaluation: losses on fixed batches, attention diagnostics, the whole-split score, samples.
-Each function measures and returns; train.py logs the numbers and updates the run's progress.
-
 Losses are means over real target tokens (as in trainer/step.py), summed over processes.
-`GPT.attention_stats` runs in eval mode and draws no random numbers, so evaluating never
-changes what training does next.
+Evaluating runs in eval mode and draws no random numbers: it never changes what training does.
 """
 
 import math
@@ -33,8 +30,7 @@ def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 @torch.no_grad()
 def estimate(model: torch.nn.Module, batches, autocast: AbstractContextManager,
              device: torch.device) -> tuple[float, float, int]:
-    """(mean loss, accuracy, count) over the real targets of the batches of all processes, in
-    eval mode. Accuracy is the share whose most likely token is the target (recall: answers)."""
+    """(mean loss, accuracy, count) over the real targets of all processes, in eval mode."""
     total = torch.zeros(3, device=device)   # (sum of token losses, correct, real targets)
     with eval_mode(model):
         for batch in batches:
@@ -47,11 +43,9 @@ def estimate(model: torch.nn.Module, batches, autocast: AbstractContextManager,
 
 
 def attention_record(model: GPT, batch, device: torch.device) -> dict:
-    """Per-layer attention diagnostics on `batch`: entropy (mean over heads), max |logit|, the
-    fraction of saturated rows, and of the raw scores q.k before the scale Var(q.k) / d_head
-    and max |q.k|. `attn_heads` keeps every head ({statistic: [[per head] per layer]}), so one
-    saturating head is not averaged away, plus `scale` (g_h = exp(log_scale)) for learned and
-    `qk_clip_count` (each head's QK-Clips so far) under optim.qk_clip."""
+    """Per-layer attention diagnostics on `batch`: entropy, max |logit|, saturated rows, and of
+    the raw q.k Var(q.k) / d_head and max |q.k|; `attn_heads` keeps every head (a saturating one
+    is not averaged away), with learned's scale and optim.qk_clip's clips so far."""
     idx, _, valid = to_device(batch, device)
     stats = model.attention_stats(idx, valid)
     heads = {key: [s[key].tolist() for s in stats] for key in stats[0]}
@@ -68,8 +62,7 @@ def attention_record(model: GPT, batch, device: torch.device) -> dict:
 
 
 def evaluate(run: Run, step: int, lr: float, tokens_per_sec: Optional[float]) -> dict:
-    """The eval record of `step`: losses on the fixed batches, and the attention diagnostics
-    (rank 0 only)."""
+    """The eval record of `step`: fixed-batch losses, attention diagnostics (rank 0)."""
     model, compute = run.state.model, run.compute
     (val_loss, accuracy, _), (train_loss, _, _) = (
         estimate(model, run.eval_batches[split], compute.autocast, compute.device)
@@ -135,8 +128,7 @@ def full_split_loss(model: torch.nn.Module, tokens, shape: BatchShape,
 
 def evaluate_full(run: Run) -> dict:
     """summary.json's *_full fields: the final weights on the whole validation split (at most
-    trainer.full_eval_tokens targets), or on the whole validation set of a generated task, with
-    its accuracy."""
+    trainer.full_eval_tokens targets), or on the data's answer set, with their accuracy."""
     compute, train_cfg = run.compute, run.config.train_cfg
     shape = BatchShape(train_cfg.batch_size, run.config.model_cfg.block_size, compute.rank,
                        compute.world)
@@ -173,8 +165,7 @@ def describe(record: dict) -> str:
 
 
 def write_samples(run: Run, run_dir: Path, best: Path) -> None:
-    """samples.txt: one continuation per trainer.sample_prompts, from the weights of `best`
-    (best.pt; the current weights if no evaluation improved on the first)."""
+    """samples.txt: a continuation per prompt from `best`'s weights (if written)."""
     model, train_cfg = run.state.model, run.config.train_cfg
     if best.exists():
         model.load_state_dict(checkpoint.read(best)["model"])

@@ -87,8 +87,7 @@ class Job:
                                           [*self.overrides, *self.hydra_overrides]))]
 
     def join_processes(self, run_dir: Path, device: str) -> Path:
-        """Under torchrun (RANK set), join the process group (nccl on GPUs, gloo otherwise);
-        the run directory, rank 0's for every process."""
+        """Under torchrun, join the process group; the run directory, rank 0's for all."""
         if "RANK" not in os.environ or dist.is_initialized():
             return run_dir
         dist.init_process_group("nccl" if torch.cuda.is_available() and device != "cpu"
@@ -97,10 +96,19 @@ class Job:
         dist.broadcast_object_list(shared, src=0)   # only rank 0's Hydra made a directory
         return Path(shared[0])
 
+    def leave_processes(self, together: bool) -> None:
+        """Leave the process group, if any, at one barrier if all got here `together`."""
+        if dist.is_initialized():
+            if together:
+                # gloo's worker threads release a finished collective's tensors after the caller
+                # has moved on; a process that reaches interpreter shutdown before they do
+                # aborts ("terminate called without an active exception").
+                dist.barrier()
+            dist.destroy_process_group()
+
     def end_on(self, err: Exception, run_dir: Path, script: str,
                resume: Optional[str]) -> NoReturn:
-        """Leave after `err`: UserError 2 (an unstarted run directory removed), Interrupted 128
-        + signal (how to resume printed), Diverged 3."""
+        """Exit after `err`: UserError 2, Interrupted 128 + signal (resume printed), Diverged 3."""
         rank = process_rank()
         if isinstance(err, Interrupted):
             if rank == 0:
@@ -125,21 +133,8 @@ class Job:
         sys.exit(code)
 
 
-def leave_processes(together: bool) -> None:
-    """Leave the process group, if any. `together`: every process got here the same way (done,
-    or stopped after the same step), so they leave at one barrier."""
-    if dist.is_initialized():
-        if together:
-            # gloo's worker threads release a finished collective's tensors after the caller
-            # has moved on; a process that reaches interpreter shutdown before they do aborts
-            # ("terminate called without an active exception").
-            dist.barrier()
-        dist.destroy_process_group()
-
-
 def rank_argv(argv: list[str]) -> list[str]:
-    """The command line this process's Hydra reads: a torchrun rank above 0 makes no run
-    directory (rank 0's is shared when the processes join)."""
+    """The argv Hydra reads: a torchrun rank above 0 makes no run directory."""
     if int(os.environ.get("RANK", "0")) == 0:
         return argv
     kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
@@ -147,8 +142,7 @@ def rank_argv(argv: list[str]) -> list[str]:
 
 
 def exit_if_sweep_stopped(script: str) -> None:
-    """A parallel sweep's launcher configs load trainer/launch.py (found loaded, not imported):
-    if it stopped the sweep on a signal, print how to resume it and exit with 128 + signal."""
+    """If trainer/launch.py (loaded by launcher configs) stopped the sweep, exit as it says."""
     launch = sys.modules.get("trainer.launch")
     if launch is not None:
         launch.exit_if_stopped(script)

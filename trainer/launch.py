@@ -96,6 +96,10 @@ class SweepJob(Job):
         self.launcher = launcher_name()
         self.sweep_dir = Path(HydraConfig.get().sweep.dir)
 
+    def join_processes(self, run_dir: Path, device: str) -> Path:
+        self.export_ranks()
+        return super().join_processes(run_dir, device)
+
     def export_ranks(self) -> None:
         """In a submitit job of several tasks (one per GPU), set torchrun's variables (RANK,
         WORLD_SIZE, LOCAL_RANK, ...) from submitit's job environment: DDP runs as under

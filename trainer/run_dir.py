@@ -6,10 +6,9 @@
     summary.json    written once, when the run ends (or diverges)
     tokenizer.json  the tokenizer the run used;  samples.txt: continuations of the prompts
     checkpoints/    last.pt (every trainer.ckpt_every steps and at the end), best.pt
-    tensorboard/, wandb/   the experiment logger's files (trainer/loggers.py, an option)
+    tensorboard/, wandb/   the experiment logger's files (trainer/loggers.py)
 
-Files are replaced atomically (a temporary file, fsync, rename): a run killed at any moment
-leaves either the old or the new checkpoint, never half of one.
+Files are replaced atomically (a temporary file, fsync, rename): never half of one.
 """
 
 import json
@@ -37,8 +36,7 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "run.json", "checkpoints/last.pt")
 
 
 def refuse_to_mix(resume: Optional[str], run_dir: Path) -> None:
-    """A new run (trainer.resume unset) does not start in a folder that holds another run's
-    files: its records would be appended to that run's and its checkpoints would replace them."""
+    """A new run (trainer.resume unset) does not start where another run's files are."""
     found = [name for name in RUN_FILES if (run_dir / name).exists()]
     if resume is None and found:
         raise UserError(f"The run folder {run_dir} already holds a run ({', '.join(found)}), "
@@ -67,9 +65,8 @@ def cpu_name() -> str:
 
 class RunDir:
     """The run directory as the loop writes it, on rank 0 only. Opening it prints what is about
-    to run, adds this segment to run.json, copies tokenizer.json and opens metrics.jsonl
-    (flushed per line: plots read live runs) and the experiment logger, which gets every record
-    and the summary; the logger closes with the segment or when an error leaves the loop."""
+    to run, adds this segment to run.json, copies tokenizer.json, opens metrics.jsonl (flushed
+    per line: plots read live runs) and the logger (closed with the segment or by an error)."""
 
     def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
         self.path, self.writes = path, run.compute.rank == 0
@@ -198,8 +195,7 @@ def begin_segment(path: Path, run: Run, resumed_from: Optional[Path],
 
 def summarize(run: Run, step: int, tokens_per_sec: Optional[float], diverged: bool,
               full: dict) -> dict:
-    """summary.json's content; non-finite numbers become null (JSON has no NaN). `full` holds
-    the whole-split evaluation (evaluate_full; empty if diverged: null fields)."""
+    """summary.json's content, non-finite numbers null; `full`: evaluate_full's ({}: diverged)."""
     p = run.state.progress
     summary = {"final_val_loss": p.final_val_loss, "best_val_loss": p.best_val_loss,
                "best_step": p.best_step, "init_val_loss": p.init_val_loss, "steps": step,

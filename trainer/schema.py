@@ -1,10 +1,7 @@
-"""Training configs (optim, trainer, logger) and the typed Hydra schema (the check of the
-command line's group overrides: trainer/overrides.py).
-
-The frozen dataclasses (these, GPTConfig, ScalingConfig, ParamConfig, DataConfig) validate
-themselves and hold the defaults; a file in configs/<group>/ states only what its option changes.
-Hydra merges overrides into mutable copies of them, so a typo or a wrongly typed override fails
-at once.
+"""Training configs (optim, trainer, logger) and the typed Hydra schema. The frozen dataclasses
+(these, GPTConfig, ScalingConfig, ParamConfig, DataConfig) validate themselves and hold the
+defaults; Hydra merges overrides into mutable copies, so a typo or a wrongly typed override
+fails at once. A file in configs/<group>/ states only what its option changes.
 """
 
 import dataclasses
