@@ -5,7 +5,8 @@ figure is checked (not rendered to a file: savefig keeps the Figure):
 
 - no empty axes (a panel without data is dropped, not labelled empty);
 - no text box overlaps another (titles, labels, tick labels, legend entries, legend frames);
-- no legend box over a plotted point, and no point outside its panel's view;
+- no legend box and no label inside a panel over a plotted point, and no point outside its
+  panel's view;
 - every text inside the figure;
 - every band and error bar inside its quantity's range, and none at n <= 2, where the title
   says "no intervals";
@@ -203,6 +204,20 @@ def legend_over_points(fig) -> list[str]:
     return bad
 
 
+def texts_over_points(fig) -> list[str]:
+    """A label written inside a panel (a reference level's name, say) covers none of its points."""
+    renderer, bad = rendered(fig), []
+    for ax in fig.axes:
+        xy = ax.transData.transform(points(ax)) if len(points(ax)) else np.zeros((0, 2))
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            inside = ((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0)
+                      & (xy[:, 1] < box.y1))
+            if inside.any():
+                bad.append(f"{text.get_text()[:30]!r} written over {int(inside.sum())} point(s)")
+    return bad
+
+
 def points_off_the_axes(fig) -> list[str]:
     bad = []
     for ax in fig.axes:
@@ -393,6 +408,7 @@ def test_the_figure_keeps_the_contract(drawn, study, name):
     assert fig is not None, f"{study}/{name} is committed but not drawn"
     _, held_out, lrs = STUDIES[study]
     problems = (empty_axes(fig) + overlapping_texts(fig) + legend_over_points(fig)
+                + texts_over_points(fig)
                 + points_off_the_axes(fig) + texts_outside(fig)
                 + intervals_out_of_range(fig, study) + intervals_at_small_n(fig)
                 + categorical_joins(fig) + hidden_on_log_axes(fig)

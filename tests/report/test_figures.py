@@ -162,3 +162,15 @@ def test_gradient_per_unit_of_logit_divides_by_each_runs_fixed_scale():
     assert fixed_scale(run("constant", **{"scaling.divisor": "4"})) == 0.25
     for variant in ("learned", "qk_norm", "uniform"):
         assert per_logit(run(variant), "q_grad_norm") == ([], [])
+
+
+def test_a_title_wraps_at_whole_words_and_fits_the_figure():
+    """A run's folder name is one long token: it moves to a line of its own, never split."""
+    fig = figures.plt.figure(figsize=(4, 2))
+    token = "model.d_head=256,model.qk_init_std=0.125,optim.lr=0.00075,scaling=none,seed=1"
+    style.suptitle(fig, f"Attention per head on the fixed validation batch, one run: {token}")
+    lines = fig._suptitle.get_text().split("\n")
+    assert token in lines and len(lines) >= 3
+    assert " ".join(lines).split() == ("Attention per head on the fixed validation batch, one run:"
+                                       f" {token}").split()
+    figures.plt.close(fig)
