@@ -42,6 +42,16 @@ def setup(model: torch.nn.Module, tau: float) -> Callable[[], None]:
                "change the logits" if scaling == "qk_norm" else
                "uniform attention has no logits to clip")
             + "; drop optim.qk_clip (optim.qk_clip=null) or pick another scale.")
+    pos, length = model.config.pos, model.config.scaling.length
+    if pos == "rope" or length != "fixed":
+        raise ConfigError(
+            f"optim.qk_clip={tau} cannot work with "
+            + ("model.pos=rope" if pos == "rope" else f"scaling.length={length}")
+            + ": the clip reads the logits from W_q's and W_k's outputs, before "
+            + ("RoPE turns q and k" if pos == "rope" else "the length factor multiplies q")
+            + ", so the largest logit it clips at is not the one softmax sees; drop "
+            "optim.qk_clip (optim.qk_clip=null), or use model.pos=learned or nope with "
+            "scaling.length=fixed.")
     for block in model.blocks:
         attn = block.attn
         device = attn.q_proj.weight.device

@@ -138,6 +138,17 @@ def test_refused_where_it_cannot_bound_the_logits(scaling, why):
         qk_clip.setup(hot_model(scaling), TAU)
 
 
+@pytest.mark.parametrize("model_keys, why", [({"pos": "rope"}, "model.pos=rope"),
+                                             ({"scaling": ScalingConfig(length="log_n")},
+                                              "scaling.length=log_n")])
+def test_refused_where_the_logits_change_after_its_hooks(model_keys, why):
+    """RoPE and a length factor change q after W_q: the hooks' max is not softmax's."""
+    model = GPT(GPTConfig(**{"vocab_size": VOCAB, "block_size": T, "n_layer": 1, "n_head": H,
+                             "d_model": 16, "d_head": D, **model_keys}))
+    with pytest.raises(ConfigError, match=why):
+        qk_clip.setup(model, TAU)
+
+
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf])
 def test_threshold_must_be_positive(value):
     with pytest.raises(ConfigError, match="optim.qk_clip"):
