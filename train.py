@@ -1,7 +1,7 @@
 """Train a decoder-only GPT whose attention score scale is a config switch.
 
     python train.py                                        # tiny model, Shakespeare's works, CPU
-    python train.py scaling=none model=small               # pick any option of any group
+    python train.py scaling=none model=small               # any file of any config group
     python train.py -m scaling=sqrt_dk,none trainer.seed=1,2      # a sweep under multirun/
     python train.py trainer.resume=auto hydra.run.dir=outputs/DAY/TIME   # continue that run
     torchrun --standalone --nproc_per_node=2 train.py      # data parallel, same global batch
@@ -47,7 +47,7 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
     run = build(cfg, job.jobs_at_once())
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)
-    if train_cfg.eval_lengths:   # evaluation past block_size, an option: refused before training
+    if train_cfg.eval_lengths:   # evaluation past block_size: refused before training
         from trainer.long_eval import check_lengths
         check_lengths(run.config.model_cfg, run.config.data_cfg, train_cfg.eval_lengths)
     resumed_from = None
@@ -181,7 +181,7 @@ class Clock:
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
-    if hc.mode == RunMode.MULTIRUN:   # a sweep's job: the infrastructure layer, only here
+    if hc.mode == RunMode.MULTIRUN:   # a sweep's job: trainer/launch.py, only here
         from trainer.launch import SweepJob
         job = SweepJob(list(hc.overrides.task), list(hc.overrides.hydra))
     else:

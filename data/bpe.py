@@ -1,5 +1,4 @@
-"""Byte-level BPE (data.tokenizer=bpe), an option that data/build_cache.py loads only when a
-config names it and a cache is built: the tokenizer learns from a spread sample of the training
+"""Byte-level BPE (data.tokenizer=bpe): the tokenizer learns from a spread sample of the training
 split, and text is encoded in exact pieces, cut only at safe cuts, so they encode to the ids of
 the whole text.
 """

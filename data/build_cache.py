@@ -1,9 +1,9 @@
-"""build(cfg, source, ...): a token cache written on a cache miss (data/prepare.py decides, and
-loads this module only then; docs/data.md "The token cache"). The tokenizer learns from the
-source in one streaming pass (data/char.py, or the bpe option), then each split is read again,
-encoded in batches while the next batch is read, and written shard by shard into a temporary
-folder renamed into place when complete, so memory stays bounded and a killed build leaves no
-cache. `verify` re-reads a corpus against the sha256 a build recorded (data.verify=true).
+"""build(cfg, source, ...): a token cache written on a cache miss (data/prepare.py decides;
+docs/data.md "The token cache"). The tokenizer learns from the source in one streaming pass
+(data/char.py, or data/bpe.py), then each split is read again, encoded in batches while the next
+batch is read, and written shard by shard into a temporary folder renamed into place when complete,
+so memory stays bounded and a killed build leaves no cache. `verify` re-reads a corpus against the
+sha256 a build recorded (data.verify=true).
 """
 
 import hashlib
@@ -75,7 +75,7 @@ def build_tokenizer(cfg: DataConfig, source) -> Tokenizer:
     """The tokenizer `cfg` asks for, learned from the source's pieces in one streaming pass."""
     if cfg.tokenizer == "char":
         return build_char(alphabet_of(text for split in SPLITS for text, _ in source.pieces(split)))
-    from data import bpe  # an option: loaded only for data.tokenizer=bpe
+    from data import bpe  # loaded only for data.tokenizer=bpe
     return bpe.build_bpe(bpe.bpe_sample(source, cfg.bpe_sample_mb << 20), cfg.vocab_size)
 
 
@@ -100,7 +100,7 @@ def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = 
         if cfg.tokenizer == "char":
             encoder = CharTable(tok)
         else:
-            from data.bpe import bpe_encode_batch  # an option: loaded only for bpe
+            from data.bpe import bpe_encode_batch  # loaded only for bpe
             encoder = partial(bpe_encode_batch, tok)
         splits, digests = {}, {}
         for split in SPLITS:

@@ -1,7 +1,7 @@
-"""The char tokenizer (data.tokenizer=char, the default), loaded only when a token cache is
-built: one id per character of the corpus, learned in one streaming pass (`alphabet_of`), and
-applied to the shards through a lookup table (`CharTable`) instead of the tokenizer's per-string
-calls. data/bpe.py is the other tokenizer; data/tokenizer.py holds what both share.
+"""The char tokenizer (data.tokenizer=char, the default), learned when a token cache is built: one
+id per character of the corpus, learned in one streaming pass (`alphabet_of`), and applied to the
+shards through a lookup table (`CharTable`) instead of the tokenizer's per-string calls. data/bpe.py
+is the other tokenizer; data/tokenizer.py holds what both share.
 """
 
 from collections.abc import Iterable

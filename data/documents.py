@@ -1,10 +1,9 @@
-"""Records as documents (docs/data.md "Sources"), what every source does with the text it reads; a
-default run loads it only when the token cache is built (the text and hub options import it with
-their sources). A source yields a split as pieces `(text, ends)`: text continues the current
-document, `ends` closes it. A record (a work, a file, a hub row) is normalised and cut into chunks
-at safe cuts (data/tokenizer.py), which never fall inside a run of line breaks, so a chunk that does
-not end with a newline continues its last line or paragraph. The default corpus is one document per
-work; data.document=line|paragraph (the text and hub sources) splits records by line or paragraph.
+"""Records as documents (docs/data.md "Sources"), what every source does with the text it reads. A
+source yields a split as pieces `(text, ends)`: text continues the current document, `ends` closes
+it. A record (a work, a file, a hub row) is normalised and cut into chunks at safe cuts
+(data/tokenizer.py), which never fall inside a run of line breaks, so a chunk that does not end with
+a newline continues its last line or paragraph. The default corpus is one document per work;
+data.document=line|paragraph (the text and hub sources) splits records by line or paragraph.
 """
 
 import re

@@ -1,6 +1,5 @@
 """The `hub` source (data=wikitext103, data=tinystories, ...): corpora through the Hugging Face
-`datasets` library; an option, loaded by data.prepare.open_source only when data.source=hub
-(docs/data.md "Sources").
+`datasets` library (docs/data.md "Sources").
 """
 
 import os

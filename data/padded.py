@@ -1,4 +1,4 @@
-"""`pad` batches (data.packing=pad), an option: each row one piece of one document, right-padded,
+"""`pad` batches (data.packing=pad): each row one piece of one document, right-padded,
 with a valid mask, so attention never crosses a document. Every piece is trained once per epoch,
 in an order that is a pure function of (seed, epoch), so resumed runs draw the same batches.
 """

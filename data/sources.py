@@ -1,6 +1,5 @@
 """Where documents come from (docs/data.md "Sources"): the default corpus, Shakespeare's works,
-here; the text and hub sources are options (data/text.py, data/hub.py), which
-data.prepare.open_source loads only when data.source names them.
+here; your own files are data/text.py's, Hugging Face datasets data/hub.py's.
 
 A source has `identity()` (cheap facts that fix its text: the cache key), `pieces(split)` (the
 split as data/documents.py's pieces), `size(split)` (bytes, None when unknown) and `info` (for

@@ -1,5 +1,4 @@
-"""The `text` source (data=text): your own UTF-8 files, streamed; an option, loaded by
-data.prepare.open_source only when data.source=text (docs/data.md "Sources").
+"""The `text` source (data=text): your own UTF-8 files, streamed (docs/data.md "Sources").
 """
 
 import codecs

@@ -1,6 +1,6 @@
 """Documents to token ids (docs/data.md "Tokenizers"): `char`, one id per character (data/char.py
-learns it and encodes the shards through a lookup table), and `bpe`, byte-level BPE (an option:
-data/bpe.py, loaded only for data.tokenizer=bpe); both are built only when a token cache is, and
+learns it and encodes the shards through a lookup table), and `bpe`, byte-level BPE
+(data/bpe.py, for data.tokenizer=bpe); both are built only when a token cache is, and
 saved in it as tokenizer.json. Here: what both share, pad 0, EOT 1, and `encode`.
 Pieces of a document are cut only at *safe cuts*: after a newline between two non-space
 characters (`x\\n|y`), else before a single space between two (`x| y`). GPT-2's pre-tokenizer

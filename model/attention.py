@@ -10,7 +10,7 @@ tests hold the two equal. The scale is SCALES[scaling.name](d_head, scaling) (mo
 holds every variant's formula; docs/scaling.md explains them); `learned` keeps one learned
 log-scale per head instead, and `uniform`'s s = 0 gives every allowed key the same weight.
 Optional soft-cap (Gemma 2, Gemma Team 2024): logits <- c * tanh(logits / c), after the scale.
-Options loaded only when named: model.pos=rope turns q and k by their positions (model/rope.py);
+model.pos=rope turns q and k by their positions (model/rope.py);
 scaling.length multiplies row i's q by g(n_i), n_i its allowed keys (model/length.py).
 s multiplies q before the product: in float16 (q @ k^T) * s overflows 65504 where (q * s) @ k^T
 does not (q = k = 40, d_head = 64: inf versus 12800).
@@ -119,7 +119,7 @@ class MultiHeadAttention(nn.Module):
         if scaling.name == "qk_norm":  # each head's q and k over D, with a learnable gain
             norm = partial(nn.LayerNorm, bias=False) if scaling.norm == "layernorm" else nn.RMSNorm
             self.q_norm, self.k_norm = norm(d_head, eps=1e-5), norm(d_head, eps=1e-5)
-        self.rope = self.length = None  # the options below, each loaded when a config names it
+        self.rope = self.length = None  # each built below only when a config names it
         if config.pos == "rope":
             from model.rope import Rotary
             self.rope = Rotary(d_head, config.rope_base)

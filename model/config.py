@@ -1,6 +1,6 @@
 """The model's configs: ScalingConfig (Hydra group `scaling`), ParamConfig (group `param`) and
 GPTConfig (group `model`), frozen dataclasses that validate themselves when built, and the
-constants other layers share.
+constants data/ and trainer/ share.
 This file imports no torch, so the report (scripts/report/) reads the scale names without it.
 """
 

@@ -93,7 +93,7 @@ class GPT(nn.Module):
                     for proj in (block.attn.q_proj, block.attn.k_proj):
                         proj.weight.mul_(config.qk_init_std / INIT_STD)
         if config.param.name == "mup" or config.param.zero_query:
-            from model import mup  # an option: loaded only for param=mup (or a zero query)
+            from model import mup  # loaded only for param=mup (or a zero query)
             mup.init_width(self)
         # muP's read-out (mup's MuSharedReadout: the tied weight, its input times output_mult / m)
         self.readout_mult = config.param.output_mult / config.width_mult

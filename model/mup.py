@@ -1,9 +1,8 @@
-"""muP's width rules (Yang et al. 2022, Tensor Programs V; docs/scaling.md, section 9): an
-option, loaded by GPT.__init__ (param=mup, or param.zero_query=true) and by
-trainer.build.make_optimizer (param=mup) only. With m = d_model / param.base_width, the hidden
-matrices start at GPT-2's std / sqrt(m) and train at AdamW's lr / m with weight decay * m; the
-query projection may start at zero. The read-out multiplier, output_mult / m, is one line of
-GPT.forward.
+"""muP's width rules (Yang et al. 2022, Tensor Programs V; docs/scaling.md, section 9), for
+param=mup (GPT.__init__ and trainer.build.make_optimizer) and param.zero_query=true. With m =
+d_model / param.base_width, the hidden matrices start at GPT-2's std / sqrt(m) and train at AdamW's
+lr / m with weight decay * m; the query projection may start at zero. The read-out multiplier,
+output_mult / m, is one line of GPT.forward.
 """
 
 import math

@@ -4,7 +4,7 @@ over one optimizer step, measured, for each scale at the same learning rate.
     python scripts/logit_step.py [overrides ...] [--scales none sqrt_dk] [--at 1000 3000]
                                  [--seeds 1 2 3] [--out DIR]
 
-The overrides are train.py's, before the options (when none are given:
+The overrides are train.py's, before the -- arguments (when none are given:
 `experiment=scaling_ablation optim.lr=4e-3`, the text ablation's model, corpus, schedule and
 float32 at `sqrt_dk`'s LR). For each scale and seed it builds the run as train.py does
 (trainer.build.build) and trains it with trainer.step.train_step up to each step of --at; there

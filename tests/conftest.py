@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from test_layers import INFRASTRUCTURE, OPTIONS  # noqa: F401  (the layers table, for tests/e2e)
 
 from scripts.report.runs import RunRecord
 from trainer.schema import register_configs
@@ -39,17 +40,6 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-# ---------------------------------------------------------------- layers (tests/test_layers.py)
-
-# Modules a default run never loads: options, loaded when a config names them, and the
-# infrastructure of sweeps (README, "Reading the code").
-OPTIONS = {"model.cpu_autocast", "data.text", "data.hub", "data.bpe",
-           "data.padded", "data.recall", "trainer.loggers", "trainer.resume",
-           "trainer.overrides", "trainer.qk_clip", "model.mup", "model.rope", "model.length",
-           "trainer.long_eval", "trainer.z_loss", "trainer.qk_lr_mult", "trainer.checkpoint_v1"}
-INFRASTRUCTURE = {"trainer.launch"}
 
 
 # ---------------------------------------------------------------- runs: a tiny corpus, configs

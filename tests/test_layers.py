@@ -1,4 +1,5 @@
-"""The layers point one way (README, "Reading the code"; docs/training.md, "Layers").
+"""Which layer each module is in (LAYERS, the one definition; docs/training.md, "Layers", shows
+it), and the layers point one way.
 
 The import graph is read from the source with ast, function-level imports included:
 - no cycle anywhere in model/, data/, trainer/, train.py and scripts/;
@@ -10,12 +11,38 @@ The import graph is read from the source with ast, function-level imports includ
 """
 
 import ast
+import re
 from pathlib import Path
-
-from conftest import INFRASTRUCTURE, OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("model", "data", "trainer", "scripts")
+DOC = ROOT / "docs" / "training.md"
+
+# Every module of model/, data/, trainer/ and train.py (package __init__ files hold a docstring
+# only; scripts/ are programs that use the layers, in none). core: what `python train.py` runs
+# with the default config, the token cache's build path included; option: loaded only when a
+# config names it, at one of the SEAMS below; infrastructure: sweeps under Hydra's launchers,
+# loaded only by train.py's entry (ENTRY_SEAMS).
+LAYERS = {
+    "model.config": "core", "model.attention": "core", "model.gpt": "core",
+    "model.diagnostics": "core", "model.errors": "core",
+    "model.rope": "option", "model.length": "option", "model.mup": "option",
+    "model.cpu_autocast": "option",
+    "data.config": "core", "data.sources": "core", "data.tokenizer": "core", "data.cache": "core",
+    "data.prepare": "core", "data.batching": "core", "data.build_cache": "core",
+    "data.char": "core", "data.shakespeare": "core", "data.documents": "core",
+    "data.text": "option", "data.hub": "option", "data.bpe": "option", "data.padded": "option",
+    "data.recall": "option",
+    "train": "core", "trainer.schema": "core", "trainer.build": "core", "trainer.step": "core",
+    "trainer.evaluate": "core", "trainer.checkpoint": "core", "trainer.files": "core",
+    "trainer.run_dir": "core", "trainer.job": "core",
+    "trainer.resume": "option", "trainer.overrides": "option", "trainer.loggers": "option",
+    "trainer.z_loss": "option", "trainer.qk_clip": "option", "trainer.qk_lr_mult": "option",
+    "trainer.long_eval": "option", "trainer.checkpoint_v1": "option",
+    "trainer.launch": "infrastructure",
+}
+OPTIONS = {m for m, layer in LAYERS.items() if layer == "option"}
+INFRASTRUCTURE = {m for m, layer in LAYERS.items() if layer == "infrastructure"}
 # (importing module, function, imported module): every place the core loads an option
 SEAMS = {
     ("trainer.build", "build", "data.recall"),
@@ -82,13 +109,39 @@ def graph() -> dict[str, list[tuple[str, str | None]]]:
 
 
 def core_modules() -> set[str]:
-    return {m for m in modules() if not m.startswith("scripts")} - OPTIONS - INFRASTRUCTURE
+    return {m for m, layer in LAYERS.items() if layer == "core"}
 
 
-def test_the_layer_lists_name_real_modules():
-    known = set(modules())
-    assert OPTIONS <= known and INFRASTRUCTURE <= known
-    assert {"model.attention", "data.batching", "trainer.step", "train"} <= core_modules()
+def test_every_module_has_one_layer():
+    """A new module of model/, data/ or trainer/ fails here until LAYERS places it; a package's
+    __init__ stays out of the table by importing nothing."""
+    known = {m for m in modules() if not m.startswith("scripts")}
+    packages = {m for m in known if m in PACKAGES}
+    assert set(LAYERS) == known - packages
+    assert set(LAYERS.values()) == {"core", "option", "infrastructure"}
+    for package in packages:
+        assert graph()[package] == [], f"{package}/__init__.py imports"
+
+
+def doc_layers(text: str) -> dict[str, str]:
+    """{module: layer} of the table in docs/training.md's "Layers" section."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([\w/]+)\.py` \| (\w+) \|", section, re.MULTILINE)
+    return {path.replace("/", "."): layer for path, layer in rows}
+
+
+def test_the_docs_layers_table_is_this_table():
+    assert doc_layers(DOC.read_text()) == LAYERS
+
+
+def test_the_docs_check_finds_a_missing_row_and_a_wrong_layer():
+    table = "".join(f"| `{m.replace('.', '/')}.py` | {layer} | what |\n"
+                    for m, layer in LAYERS.items())
+    text = f"# Doc\n\n## Layers\n\n| module | layer | what |\n|---|---|---|\n{table}\n## Next\n"
+    assert doc_layers(text) == LAYERS
+    assert doc_layers(text.replace("| `model/rope.py` | option |", "| `model/rope.py` | core |")) \
+        != LAYERS
+    assert "model.rope" not in doc_layers(text.replace("| `model/rope.py` |", "| rope |"))
 
 
 def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:

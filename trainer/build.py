@@ -83,7 +83,7 @@ class LossTerm(Protocol):
 
 @dataclass(frozen=True)
 class StepHooks:
-    """The options attached to the optimizer step (trainer/step.py); the default run has none."""
+    """What configs attach to the optimizer step (trainer/step.py); the default run, nothing."""
 
     loss_term: Optional[LossTerm] = None              # trainer.z_loss: trainer/z_loss.py
     after_step: tuple[Callable[[], None], ...] = ()   # after AdamW: optim.qk_clip's clip
@@ -128,7 +128,7 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
                       threads_chosen)
 
     if data_cfg.source == "recall":
-        from data.recall import RecallData  # an option: loaded only for data=recall
+        from data.recall import RecallData  # loaded only for data=recall
         data = RecallData(data_cfg)
     else:
         data = prepare(data_cfg)
@@ -153,7 +153,7 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
 
 
 def step_hooks(model: GPT, qk_clip: Optional[float], z_loss: float) -> StepHooks:
-    """The step's options, each loaded only when its config names it."""
+    """The step's hooks, each loaded only when its config names it."""
     loss_term, after_step = None, ()
     if z_loss:
         from trainer.z_loss import ZLoss
@@ -252,14 +252,14 @@ def make_optimizer(model: GPT, optim_cfg: OptimConfig,
     CPU too (docs/benchmarks.md)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if model.config.param.name == "mup":
-        from model import mup  # an option: loaded only for param=mup
+        from model import mup  # loaded only for param=mup
         groups = mup.param_groups(params, model, optim_cfg.lr, optim_cfg.weight_decay)
     else:
         groups = [{"params": [p for p in params if p.dim() >= 2],
                    "weight_decay": optim_cfg.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if optim_cfg.qk_lr_mult != 1.0:
-        from trainer.qk_lr_mult import qk_groups  # an option: loaded only when it is not 1
+        from trainer.qk_lr_mult import qk_groups  # loaded only when it is not 1
         groups = qk_groups(groups, model, optim_cfg.lr, optim_cfg.qk_lr_mult)
     return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                              eps=optim_cfg.eps,

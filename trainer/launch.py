@@ -1,8 +1,7 @@
-"""Infrastructure: sweeps under Hydra's launchers, their stop and resume, and SLURM
-(docs/training.md, "Parallel and cluster sweeps"). No core module imports this file: the
-launcher configs name its callback (configs/hydra/callbacks/parallel_sweep.yaml), and train.py's
-entry builds a SweepJob for a job of a sweep (hydra.mode=MULTIRUN). This file is the one that
-reads Hydra's launcher state.
+"""Sweeps under Hydra's launchers, their stop and resume, and SLURM (docs/training.md, "Parallel and
+cluster sweeps"). The launcher configs name its callback
+(configs/hydra/callbacks/parallel_sweep.yaml), and train.py's entry builds a SweepJob for a job of a
+sweep (hydra.mode=MULTIRUN). This file is the one that reads Hydra's launcher state.
 
 `hydra/launcher=joblib` runs the jobs in joblib's worker processes, `n_jobs` at a time;
 `submitit_local|submitit_slurm` runs each as a submitit job.

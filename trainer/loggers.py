@@ -1,8 +1,8 @@
-"""Experiment loggers, an option: `logger=tensorboard|wandb` mirrors the run's records elsewhere.
+"""Experiment loggers: `logger=tensorboard|wandb` mirrors the run's records elsewhere.
 
-metrics.jsonl and summary.json stay the record of a run: RunDir (trainer/run_dir.py) loads this
-module only when logger.name is not none, and hands the logger every record and the summary it
-writes, on rank 0 only, as scalars named by `tags` (`train/loss`, `attn/entropy/layer0/head1`,
+metrics.jsonl and summary.json stay the record of a run: RunDir (trainer/run_dir.py) hands the
+logger every record and the summary it writes, on rank 0 only, as scalars named by `tags`
+(`train/loss`, `attn/entropy/layer0/head1`,
 `summary/final_val_loss_full`), and the resolved config once per segment as hyperparameters. The
 packages are optional (`require`). A W&B run of a sweep's job is grouped by the sweep folder,
 which wandb_run reads from Hydra's state.

@@ -1,6 +1,6 @@
 """The check of a command line's config-group overrides (`scaling=foo`, `data=`): a clear error
-naming the group's options where Hydra's own message names neither. train.py's entry runs it,
-and loads this file, only when the command line has overrides.
+naming the group's options where Hydra's own message names neither. train.py's `main` runs it
+when the command line has overrides.
 """
 
 from pathlib import Path

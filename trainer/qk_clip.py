@@ -1,5 +1,5 @@
-"""QK-Clip (Kimi Team 2025, "Kimi K2", arXiv 2507.20534, sec. 2.1): an option, loaded when
-optim.qk_clip sets a threshold tau (K2 uses 100).
+"""QK-Clip (Kimi Team 2025, "Kimi K2", arXiv 2507.20534, sec. 2.1): optim.qk_clip sets its threshold
+tau (K2 uses 100).
 
 After each optimizer step, every head whose largest pre-softmax logit s q.k in that step's
 forward exceeded tau has its query and key projection rows (weight and bias) multiplied by

@@ -1,6 +1,6 @@
-"""W_q's and W_k's own learning rate (optim.qk_lr_mult): an option, loaded when the multiplier is
-not 1. Under Adam, scaling=sqrt_dk equals scaling=none with W_q, W_k at d_head^(-1/4) x the init
-and this multiplier at d_head^(-1/4) (docs/scaling.md, "The scale under Adam").
+"""W_q's and W_k's own learning rate (optim.qk_lr_mult), for a multiplier other than 1. Under Adam,
+scaling=sqrt_dk equals scaling=none with W_q, W_k at d_head^(-1/4) x the init and this multiplier at
+d_head^(-1/4) (docs/scaling.md, "The scale under Adam").
 """
 
 from model.gpt import GPT

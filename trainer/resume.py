@@ -1,8 +1,7 @@
-"""Resuming a run from its last.pt (trainer.resume=auto or a path; docs/training.md, "Resume"),
-and the command that does it: loaded only when trainer.resume is set or a run was stopped. A
-resumed run continues bit-identically: every piece of state the next step depends on is
-restored, and the settings must match the checkpoint's except those that only say how long, how
-often, where and how fast.
+"""Resuming a run from its last.pt (trainer.resume=auto or a path; docs/training.md, "Resume"), and
+the command that does it. A resumed run continues bit-identically: every piece of state the next
+step depends on is restored, and the settings must match the checkpoint's except those that only say
+how long, how often, where and how fast.
 """
 
 import json

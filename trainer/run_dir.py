@@ -78,7 +78,7 @@ class RunDir:
         path.mkdir(parents=True, exist_ok=True)
         logger_cfg = LoggerConfig(**run.config.resolved.get("logger", {}))
         if logger_cfg.name != "none":
-            from trainer.loggers import ExperimentLogger  # an option, loaded when named
+            from trainer.loggers import ExperimentLogger  # loaded only when named
             self.logger = ExperimentLogger(logger_cfg, path, run.config.resolved,
                                            run.state.progress.step)
         metrics = path / "metrics.jsonl"

@@ -1,7 +1,7 @@
 """Training configs (optim, trainer, logger) and the typed Hydra schema. The frozen dataclasses
 (these, GPTConfig, ScalingConfig, ParamConfig, DataConfig) validate themselves and hold the
 defaults; Hydra merges overrides into mutable copies, so a typo or a wrongly typed override
-fails at once. A file in configs/<group>/ states only what its option changes.
+fails at once. A file in configs/<group>/ states only what it changes.
 """
 
 import dataclasses

@@ -1,5 +1,5 @@
-"""One optimizer step: fetch the micro-batches, forward, backward, clip, AdamW, schedule; the
-options of state.hooks (trainer/build.py's StepHooks) attach a loss term or a post-step hook.
+"""One optimizer step: fetch the micro-batches, forward, backward, clip, AdamW, schedule;
+state.hooks (trainer/build.py's StepHooks) may add a loss term and post-step hooks.
 
 The loss is the sum of the token losses of all micro-batches and processes over their count of
 real targets: a padded micro-batch weighs as its real tokens, and the step does not depend on

@@ -1,8 +1,8 @@
-"""The z-loss (PaLM, Chowdhery et al. 2022; Wortsman et al. 2023): an option, loaded when
-trainer.z_loss sets its weight w. The step minimises cross-entropy + w * mean (log Z)^2 over the
-real targets, Z = sum_v exp(logit_v) the softmax's normaliser: it keeps log Z near 0, so that
-the output logits cannot drift upwards together. The logged loss stays the cross-entropy; a
-check step logs the z term beside it (train record "z_term").
+"""The z-loss (PaLM, Chowdhery et al. 2022; Wortsman et al. 2023): trainer.z_loss sets its weight w.
+The step minimises cross-entropy + w * mean (log Z)^2 over the real targets, Z = sum_v exp(logit_v)
+the softmax's normaliser: it keeps log Z near 0, so that the output logits cannot drift upwards
+together. The logged loss stays the cross-entropy; a check step logs the z term beside it (train
+record "z_term").
 """
 
 import torch
