@@ -9,13 +9,8 @@ import subprocess
 import sys
 
 from conftest import INFRASTRUCTURE, OPTIONS, ROOT
+from test_layers import MAX_DEFAULT_RUN_LINES, MAX_FIRST_RUN_LINES
 
-# The lines of the project's files (docstrings, comments and blank lines included) that a
-# default run loads; a change that adds to them raises these bounds on purpose, in review. The
-# run is float32, as trainer.precision=auto resolves on a CPU without AMX tiles: with them auto
-# is bf16, and the CPU autocast route adds its option, model/cpu_autocast.py.
-MAX_DEFAULT_RUN_LINES = 2730   # a run on a cached corpus: every run after the first
-MAX_FIRST_RUN_LINES = 3220     # the first run, which also builds the token cache
 # The cache's build path: loaded on a cache miss only (data.prepare.prepare decides).
 BUILD_PATH = {"data.build_cache", "data.char", "data.documents", "data.shakespeare"}
 
