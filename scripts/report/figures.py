@@ -9,7 +9,7 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from model.config import SATURATION_THRESHOLD
+from model.config import SATURATION_THRESHOLD, SCALES, ScalingConfig
 from scripts.report import style
 from scripts.report.runs import SOLVED_ACCURACY, eval_series, label, record_series
 from scripts.report.tables import DIAGNOSTICS
@@ -192,6 +192,9 @@ def entropy_ceiling(groups) -> float:
     return math.log(max(blocks)) if blocks else math.inf
 
 
+NOT_A_NUMBER = ("learned", "qk_norm", "uniform")   # a scale per head, norms first, or zero
+
+
 def fixed_scale(run) -> Optional[float]:
     """The run's score scale s where it is fixed (not learned, qk_norm, uniform), else None."""
     d_head = run.setting("model.d_head")
@@ -200,10 +203,11 @@ def fixed_scale(run) -> Optional[float]:
         if d_model is None or n_head is None:
             return None
         d_head = int(d_model) // int(n_head)
-    d_head = int(d_head)
-    divisor = float(run.setting("scaling.divisor") or 8.0)
-    return {"sqrt_dk": d_head ** -0.5, "none": 1.0, "dk": 1.0 / d_head,
-            "constant": 1.0 / divisor}.get(run.variant)
+    if run.variant not in SCALES or run.variant in NOT_A_NUMBER:
+        return None
+    scaling = ScalingConfig(run.variant, divisor=float(run.setting("scaling.divisor") or 8.0),
+                            attn_mult=float(run.setting("scaling.attn_mult") or 1.0))
+    return SCALES[run.variant](int(d_head), scaling)
 
 
 def per_logit(run, name: str) -> tuple[list, list]:

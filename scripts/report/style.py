@@ -12,16 +12,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.config import SCALINGS
 from scripts.report import stats as st
 from scripts.report.runs import VARIANT_KEY, setting_order
 
-# One colour, marker and dash pattern per scale; an arm that adds a switch to a scale (a bound
-# on the scores, say) takes the next of EXTRA, in the order of its name.
-SCALES = {"sqrt_dk": ("C0", "o", "-"), "none": ("C1", "s", "--"), "dk": ("C2", "^", "-."),
-          "constant": ("C3", "D", ":"), "learned": ("C4", "v", (0, (6, 2))),
-          "qk_norm": ("C5", "P", (0, (3, 1, 1, 1))), "uniform": ("C7", "x", (0, (1, 1)))}
-EXTRA = (("C6", "*", "-"), ("C9", "h", "--"), ("C8", "X", "-."), ("#8c564b", "d", ":"),
+# Colour, marker and dash pattern: one per scale of SCALINGS, in its order; an arm that adds a
+# switch to a scale (a bound on the scores, say) takes the next of EXTRA, in the order of its name.
+LOOKS = (("C0", "o", "-"), ("C1", "s", "--"), ("C2", "^", "-."), ("C3", "D", ":"),
+         ("C4", "v", (0, (6, 2))), ("C5", "P", (0, (3, 1, 1, 1))), ("C7", "x", (0, (1, 1))),
+         ("C6", "*", "-"), ("C9", "h", "--"), ("C8", "X", "-."), ("#8c564b", "d", ":"),
          ("#17becf", "p", "-"), ("k", "<", "--"))
+SCALES = dict(zip(SCALINGS, LOOKS))
+EXTRA = LOOKS[len(SCALINGS):]
 MIN_BAND_N = 3   # a band or bar is a 95% t interval of at least 3 seeds; t(0.975, 1) is 12.7
 LEVEL_STYLES = ((0, (1, 2)), (0, (4, 2)), (0, (2, 1, 1, 1)))
 
