@@ -1,4 +1,4 @@
-"""The README as a reader meets it: at most 300 lines (the details live in docs/), every file it
+"""The README as a reader meets it: at most 200 lines (the details live in docs/), every file it
 links or names under docs/ exists, and `.ci/run` runs exactly its test command."""
 
 import re
@@ -8,8 +8,8 @@ from conftest import ROOT
 README = (ROOT / "README.md").read_text()
 
 
-def test_readme_is_at_most_300_lines():
-    assert len(README.splitlines()) <= 300
+def test_readme_is_at_most_200_lines():
+    assert len(README.splitlines()) <= 200
 
 
 def test_every_file_the_readme_links_or_names_exists():

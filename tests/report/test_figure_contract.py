@@ -55,6 +55,9 @@ STUDIES = {
     "scaling_ablation": (["--select-from", "docs/results/scaling_ablation_select/runs.csv"],
                          True, {}),
     "scaling_ablation_select": ([], False, {}),
+    "reparam/text_d32": (["--against", "scaling=sqrt_dk,model.qk_init_std=null,optim.qk_lr_mult=1",
+                          "--against", "scaling=none,model.qk_init_std=null,optim.qk_lr_mult=1"],
+                         None, {}),
     "width_transfer": ([], None, {}),
     "width_transfer/seed2": ([], None, {}),
 }
