@@ -2,6 +2,7 @@
 `from conftest import ...`; fixtures are found by name)."""
 
 import copy
+import dataclasses
 import functools
 import io
 import json
@@ -99,10 +100,10 @@ def records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def run_cli(args: list[str], cwd: Path = ROOT, **kw) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "train.py", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300, **kw)
+                          capture_output=True, text=True, timeout=300)
 
 
 # ---------------------------------------------------------------- data: offline corpora
@@ -302,53 +303,75 @@ def curve(init: float, final: float, n: int, seed: int = 0) -> list[float]:
     return [init, *middle, final]
 
 
-def make_run(sweep: Path, overrides: list[str], val: list[float], *, step=10, full=None,
-             diverged=False, finished=True, metrics="ok", eval_at_0=True, tokens_per_sec=1000.0,
-             config=None, variant_scale=1.0, raw=True, targets=None):
+@dataclasses.dataclass(frozen=True)
+class FakeRun:
+    """make_run's rarely set knobs: `step` steps between evaluations, summary.json's `diverged`
+    flag, `finished` (a summary.json), `metrics` ("ok", "empty": an empty metrics.jsonl,
+    "missing": none), `eval_at_0` (an evaluation at step 0), the runs' `tokens_per_sec`, more
+    run.json `config`, the `variant_scale` of the max logits, `raw` statistics and `targets`."""
+    step: int = 10
+    diverged: bool = False
+    finished: bool = True
+    metrics: str = "ok"
+    eval_at_0: bool = True
+    tokens_per_sec: float = 1000.0
+    config: dict | None = None
+    variant_scale: float = 1.0
+    raw: bool = True
+    targets: tuple[int, int] | None = None
+
+
+DEFAULT_RUN = FakeRun()
+
+
+def make_run(sweep: Path, overrides: list[str], val: list[float], full=None,
+             fake=DEFAULT_RUN):
     """A Hydra job folder as train.py writes it; val[i] is the val loss of the eval at step
     i * step. Per layer k: entropy 1 + 0.1 k, saturated 0.01 k, raw max |q.k| = val * 10**(k+1),
     scaled max logit = raw * variant_scale, raw Var(q.k)/d_head = val * (k + 1). targets: the
-    whole-split score's (targets scored, targets in the split)."""
+    whole-split score's (targets scored, targets in the split). full: the whole-split loss in
+    summary.json (none without)."""
     run = sweep / ",".join(overrides)
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     scaling = next(o.split("=")[1] for o in overrides if o.startswith("scaling="))
     (run / "run.json").write_text(json.dumps(
-        {"config": {"scaling": {"name": scaling}, **(config or {})},
+        {"config": {"scaling": {"name": scaling}, **(fake.config or {})},
          "model_config": {"vocab_size": VOCAB}, "overrides": overrides}))
-    if metrics == "missing":
+    if fake.metrics == "missing":
         return run
     lines = []
     for i, v in enumerate(val):
-        if i == 0 and not eval_at_0:
+        if i == 0 and not fake.eval_at_0:
             continue
-        lines.append({"kind": "train", "step": i * step, "loss": v + 0.1, "lr": 1e-3,
-                      "tokens_per_sec": tokens_per_sec, "grad_norm": 1.0,
+        lines.append({"kind": "train", "step": i * fake.step, "loss": v + 0.1, "lr": 1e-3,
+                      "tokens_per_sec": fake.tokens_per_sec, "grad_norm": 1.0,
                       "q_grad_norm": 0.1 * v, "k_grad_norm": 0.2 * v,
                       "q_grad_norm_layers": [0.1 * v] * N_LAYER,
                       "k_grad_norm_layers": [0.2 * v] * N_LAYER})
         rawmax = [v * 10 ** (k + 1) for k in range(N_LAYER)]
-        record = {"kind": "eval", "step": i * step, "train_loss": v - 0.05, "val_loss": v,
-                  "val_bpb": v / math.log(2), "lr": 1e-3, "tokens_per_sec": tokens_per_sec,
+        record = {"kind": "eval", "step": i * fake.step, "train_loss": v - 0.05, "val_loss": v,
+                  "val_bpb": v / math.log(2), "lr": 1e-3, "tokens_per_sec": fake.tokens_per_sec,
                   "attn_entropy": [1.0 + 0.1 * k for k in range(N_LAYER)],
-                  "attn_max_logit": [m * variant_scale for m in rawmax],
+                  "attn_max_logit": [m * fake.variant_scale for m in rawmax],
                   "attn_saturated": [0.01 * k for k in range(N_LAYER)]}
-        if raw:
+        if fake.raw:
             record.update(attn_raw_max_logit=rawmax,
                           attn_raw_var=[v * (k + 1) for k in range(N_LAYER)])
         lines.append(record)
     (run / "metrics.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in lines) if metrics == "ok" else "")
-    if finished:
+        "".join(json.dumps(r) + "\n" for r in lines) if fake.metrics == "ok" else "")
+    if fake.finished:
         finite = [v for v in val if math.isfinite(v)]
         summary = {"final_val_loss": val[-1], "best_val_loss": min(finite),
-                   "steps": step * (len(val) - 1), "tokens_per_sec": tokens_per_sec,
-                   "init_val_loss": val[0] if eval_at_0 else None, "diverged": diverged,
-                   "n_params": 1234, "wall_s": 1.0}
+                   "steps": fake.step * (len(val) - 1), "tokens_per_sec": fake.tokens_per_sec,
+                   "init_val_loss": val[0] if fake.eval_at_0 else None,
+                   "diverged": fake.diverged, "n_params": 1234, "wall_s": 1.0}
         if full is not None:
             summary.update(final_val_loss_full=full, final_val_bpb_full=full / math.log(2))
-        if targets is not None:
-            summary.update(full_eval_targets=targets[0], full_eval_split_targets=targets[1])
+        if fake.targets is not None:
+            summary.update(full_eval_targets=fake.targets[0],
+                           full_eval_split_targets=fake.targets[1])
         (run / "summary.json").write_text(json.dumps(summary))
     return run
 
@@ -358,15 +381,28 @@ STEP = 25
 INIT = 3.5
 
 
-def make_recall_run(sweep: Path, overrides: list[str], accuracy: list[float], val=None, *,
-                    final_accuracy=None, full=None, finished=True, hydra_config=True, **kw):
+@dataclasses.dataclass(frozen=True)
+class FakeRecall:
+    """make_recall_run's rarely set knobs: summary.json's `final_accuracy` (None: the last
+    accuracy), `finished` (a summary.json) and `hydra_config` (a .hydra/config.yaml)."""
+    final_accuracy: float | None = None
+    finished: bool = True
+    hydra_config: bool = True
+
+
+DEFAULT_RECALL = FakeRecall()
+
+
+def make_recall_run(sweep: Path, overrides: list[str], accuracy: list[float], val=None,
+                    full=None, fake=DEFAULT_RECALL):
     """A data=recall job folder: make_run's, with val_accuracy[i] = accuracy[i] in the eval
     record of step i * STEP, final_val_accuracy in summary.json (default: the last accuracy)
-    and, with hydra_config, a .hydra/config.yaml whose data source is recall."""
+    and, with fake.hydra_config, a .hydra/config.yaml whose data source is recall."""
     if val is None:   # a loss that falls as the accuracy rises
         val = [INIT * (1 - a) + 0.01 for a in accuracy]
-    run = make_run(sweep, overrides, val, step=STEP, full=val[-1] if full is None else full,
-                   finished=finished, config={"data": {"num_values": 32}}, **kw)
+    run = make_run(sweep, overrides, val, val[-1] if full is None else full,
+                   FakeRun(step=STEP, finished=fake.finished,
+                           config={"data": {"num_values": 32}}))
     metrics = run / "metrics.jsonl"
     records, i = [], 0
     for line in metrics.read_text().splitlines():
@@ -376,11 +412,12 @@ def make_recall_run(sweep: Path, overrides: list[str], accuracy: list[float], va
             i += 1
         records.append(record)
     metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
-    if finished:
+    if fake.finished:
         summary = json.loads((run / "summary.json").read_text())
-        summary["final_val_accuracy"] = accuracy[-1] if final_accuracy is None else final_accuracy
+        summary["final_val_accuracy"] = (accuracy[-1] if fake.final_accuracy is None
+                                         else fake.final_accuracy)
         (run / "summary.json").write_text(json.dumps(summary))
-    if hydra_config:
+    if fake.hydra_config:
         (run / ".hydra" / "config.yaml").write_text(
             "data:\n  source: recall\n  name: recall\n  document: sequence\n")
     return run
@@ -400,7 +437,7 @@ def make_recall_sweep(root: Path) -> Path:
     for scaling, seeds in RECALL.items():
         for seed, (accuracy, final) in seeds.items():
             make_recall_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"], accuracy,
-                            final_accuracy=final)
+                            fake=FakeRecall(final_accuracy=final))
     return sweep
 
 
@@ -447,7 +484,7 @@ def stability_sweep(root: Path) -> Path:
                              "scaling=sqrt_dk", *(["scaling.softcap=50"] if arm == "softcap"
                                                   else []), f"trainer.seed={seed}"]
                 run = make_run(sweep, overrides, [4.0, 3.0, 2.5 if bad else loss + 0.1, loss],
-                               full=None if bad else loss, diverged=bad)
+                               full=None if bad else loss, fake=FakeRun(diverged=bad))
                 metrics = run / "metrics.jsonl"
                 records = [json.loads(line) for line in metrics.read_text().splitlines()]
                 evals = [r for r in records if r["kind"] == "eval"]

@@ -12,6 +12,7 @@ import pytest
 from conftest import (
     AT_100,
     NEVER,
+    FakeRun,
     make_recall_run,
     make_recall_sweep,
     make_run,
@@ -73,7 +74,7 @@ def sweeps(root: Path) -> list[tuple[Path, list[str]]]:
         for seed in (1, 2):
             run = make_run(text, [f"scaling={scaling}", f"trainer.seed={seed}"],
                            [4.0, 3.1234567 + 0.01 * seed, 2.5, 2.1 + 0.01 * seed], full=2.0,
-                           config={"model": {"d_head": 16, "block_size": 8}})
+                           fake=FakeRun(config={"model": {"d_head": 16, "block_size": 8}}))
             metrics = run / "metrics.jsonl"
             records = [json.loads(line) for line in metrics.read_text().splitlines()]
             for i, record in enumerate(r for r in records if r["kind"] == "eval"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 matplotlib.use("Agg")
-from conftest import curve, make_recall_run, make_run  # noqa: E402
+from conftest import FakeRun, curve, make_recall_run, make_run  # noqa: E402
 
 from scripts.report import figures, style  # noqa: E402
 from scripts.report.runs import group_runs, load_runs  # noqa: E402
@@ -52,7 +52,7 @@ def lm_sweep(root):
         for seed, final in enumerate(finals, start=1):
             run = make_run(sweep, [f"model.d_head={d_head}", f"scaling={scaling}",
                                    f"trainer.seed={seed}"], curve(4.0, final, 5, seed),
-                           variant_scale=0.0 if scaling == "uniform" else 1.0)
+                           fake=FakeRun(variant_scale=0.0 if scaling == "uniform" else 1.0))
             if scaling == "uniform":
                 edit_records(run, no_qk_gradient)
             if (scaling, d_head) == ("sqrt_dk", 16):

@@ -18,6 +18,7 @@ import pytest
 from conftest import (
     N_LAYER,
     T975,
+    FakeRun,
     curve,
     interval,
     make_run,
@@ -66,15 +67,19 @@ def ablation(tmp_path_factory):
     for (scaling, seed), full in FULL.items():
         make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}"],
                  curve(4.1701, full + 0.05, 4, seed), full=full,
-                 variant_scale={"none": 8.0, "dk": 0.125}.get(scaling, 1.0))
+                 fake=FakeRun(variant_scale={"none": 8.0, "dk": 0.125}.get(scaling, 1.0)))
     make_run(sweep, ["scaling=learned", "trainer.seed=1"], [4.17, 2.0, 1.9], full=1.9)
     make_run(sweep, ["scaling=learned", "trainer.seed=2"], [4.17, 2.0, 1.95])   # no full loss
-    make_run(sweep, ["scaling=learned", "trainer.seed=3"], [4.17, 9.0, 12.0], diverged=True)
-    running = make_run(sweep, ["scaling=qk_norm", "trainer.seed=1"], [4.17, 2.2], finished=False)
+    make_run(sweep, ["scaling=learned", "trainer.seed=3"], [4.17, 9.0, 12.0],
+             fake=FakeRun(diverged=True))
+    running = make_run(sweep, ["scaling=qk_norm", "trainer.seed=1"], [4.17, 2.2],
+                       fake=FakeRun(finished=False))
     metrics = running / "metrics.jsonl"
     metrics.write_text(metrics.read_text() + '{"kind": "train", "st')   # caught mid-write
-    make_run(sweep, ["scaling=constant", "trainer.seed=1"], [4.17, 2.0], metrics="missing")
-    make_run(sweep, ["scaling=constant", "trainer.seed=2"], [4.17, 2.0], metrics="empty")
+    make_run(sweep, ["scaling=constant", "trainer.seed=1"], [4.17, 2.0],
+             fake=FakeRun(metrics="missing"))
+    make_run(sweep, ["scaling=constant", "trainer.seed=2"], [4.17, 2.0],
+             fake=FakeRun(metrics="empty"))
     return sweep
 
 
@@ -159,7 +164,8 @@ def test_diagnostics_tables_give_scaled_and_raw_statistics(ablation_report):
 def test_runs_without_raw_statistics_say_not_recorded(tmp_path, tables_only):
     sweep = tmp_path / "sweep"
     for seed in (1, 2):
-        make_run(sweep, ["scaling=dk", f"trainer.seed={seed}"], [4.0, 2.0], full=2.0, raw=False)
+        make_run(sweep, ["scaling=dk", f"trainer.seed={seed}"], [4.0, 2.0], full=2.0,
+                 fake=FakeRun(raw=False))
     out = tmp_path / "out"
     assert report_in_process(sweep, "--out", out) == 0
     row = table_row((out / "results.md").read_text().split("### Last")[1], "scaling=dk")
@@ -173,7 +179,7 @@ def test_a_whole_split_loss_on_a_subset_says_so_from_folders_and_from_runs_csv(t
     sweep = tmp_path / "sweep"
     for seed in (1, 2):
         make_run(sweep, ["scaling=dk", f"trainer.seed={seed}"], [4.0, 2.0], full=2.0,
-                 targets=(131072, 542416))
+                 fake=FakeRun(targets=(131072, 542416)))
     out, again = tmp_path / "out", tmp_path / "again"
     assert report_in_process(sweep, "--out", out) == 0
     note = ("covers an even fixed subset of the validation split (trainer.full_eval_tokens):"
@@ -183,7 +189,7 @@ def test_a_whole_split_loss_on_a_subset_says_so_from_folders_and_from_runs_csv(t
     assert note in (again / "results.md").read_text()
     whole = tmp_path / "whole"
     make_run(whole, ["scaling=dk", "trainer.seed=1"], [4.0, 2.0], full=2.0,
-             targets=(542416, 542416))
+             fake=FakeRun(targets=(542416, 542416)))
     assert report_in_process(whole, "--out", tmp_path / "w") == 0
     assert "subset" not in (tmp_path / "w" / "results.md").read_text()
 
@@ -224,7 +230,7 @@ def lr_sweep(tmp_path_factory):
             ov = ["model.d_head=16", f"optim.lr={lr}", f"scaling={scaling}",
                   f"trainer.seed={seed}"]
             if loss is None:
-                make_run(sweep, ov, [INIT, 30.0, math.inf], diverged=True)
+                make_run(sweep, ov, [INIT, 30.0, math.inf], fake=FakeRun(diverged=True))
             else:
                 make_run(sweep, ov, [INIT, 3.0, loss + 0.1], full=loss)
     for seed in (1, 2, 3):   # a second head width, one scale, so settings differ
@@ -377,7 +383,7 @@ def test_lr_left_at_default_groups_with_the_same_lr_set_explicitly(tmp_path):
     sweep = tmp_path / "sweep"
     make_run(sweep, ["scaling=dk", "optim.lr=1e-2", "trainer.seed=1"], [4.0, 2.0], full=2.0)
     make_run(sweep, ["scaling=dk", "trainer.seed=2"], [4.0, 2.5], full=2.5,
-             config={"optim": {"lr": 0.01}})
+             fake=FakeRun(config={"optim": {"lr": 0.01}}))
     make_run(sweep, ["scaling=dk", "optim.lr=0.1", "trainer.seed=1"], [4.0, 3.0], full=3.0)
     runs, _ = load_runs([sweep])
     table = st.lr_table(runs, "full")

@@ -18,6 +18,7 @@ from conftest import (
     RECALL,
     STEP,
     T975,
+    FakeRecall,
     interval,
     make_recall_run,
     make_recall_sweep,
@@ -87,7 +88,8 @@ def test_a_running_run_below_09_is_neither_solved_nor_not_solved(tmp_path, table
     sweep = tmp_path / "sweep"
     make_recall_run(sweep, ["scaling=dk", "trainer.seed=1"], AT_100)
     make_recall_run(sweep, ["scaling=dk", "trainer.seed=2"], NEVER)
-    make_recall_run(sweep, ["scaling=dk", "trainer.seed=3"], [0.0, 0.3], finished=False)
+    make_recall_run(sweep, ["scaling=dk", "trainer.seed=3"], [0.0, 0.3],
+                    fake=FakeRecall(finished=False))
     out = tmp_path / "out"
     assert report_in_process(sweep, "--out", out) == 0
     part = (out / "results.md").read_text().split("## Recall accuracy")[1]
@@ -111,7 +113,7 @@ def test_runs_csv_has_steps_to_90_empty_when_not_solved(recall_report):
 def test_recall_tables_rebuilt_from_the_csv_are_the_same(tmp_path, tables_only):
     recall_sweep = make_recall_sweep(tmp_path)
     make_recall_run(recall_sweep, ["scaling=none", "trainer.seed=4"], [0.0, 0.3],
-                    finished=False)
+                    fake=FakeRecall(finished=False))
     out, again = tmp_path / "out", tmp_path / "again"
     assert report_in_process(recall_sweep, "--out", out) == 0
     assert report_in_process("--from-csv", out / "runs.csv", "--out", again) == 0
