@@ -74,6 +74,7 @@ class TrainingData(Protocol):
     def decode(self, ids) -> str: ...
     def describe(self) -> str: ...   # the data part of the run's start line
     def val_bpb(self, loss: float) -> Optional[float]: ...   # bits per byte; None: not text
+    def accuracy(self, name: str, value: Optional[float]) -> dict: ...   # {name: value} or {}
 
     def whole_validation(self, shape: BatchShape) -> Optional[list[Batch]]:
         """The answer set the end-of-run score reads (this rank's rows); None: it reads `val`."""

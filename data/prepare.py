@@ -56,6 +56,10 @@ class PreparedData:
     def describe(self) -> str:
         return f"{len(self.train):,} train / {len(self.val):,} val tokens, vocab {self.vocab_size}"
 
+    def accuracy(self, name: str, value) -> dict:
+        """{}: every next token is a target, and accuracy over them is not reported."""
+        return {}
+
     def val_bpb(self, loss: float) -> float:
         """A validation loss in bits per byte of the validation text."""
         return bits_per_byte(loss, self.meta["bytes_per_token"]["val"])

@@ -195,6 +195,10 @@ class RecallData:
                 "vocab_size": self.vocab_size, "answers_per_sequence": answers,
                 "val_sequences": self.cfg.val_sequences, "chance_accuracy": self.chance}
 
+    def accuracy(self, name: str, value) -> dict:
+        """{name: value}: the targets are answers, and the share answered right is the result."""
+        return {name: value}
+
     def val_bpb(self, loss: float) -> None:
         """None: symbols have no bytes; evaluations report accuracy (scores_answers)."""
 

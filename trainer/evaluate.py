@@ -69,8 +69,7 @@ def evaluate(run: Run, step: int, lr: float, tokens_per_sec: Optional[float]) ->
         for split in ("val", "train"))
     record = {"kind": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss,
               "val_bpb": run.data.val_bpb(val_loss), "lr": lr, "tokens_per_sec": tokens_per_sec}
-    if run.data.scores_answers:
-        record["val_accuracy"] = accuracy
+    record.update(run.data.accuracy("val_accuracy", accuracy))
     if compute.rank == 0:
         record.update(attention_record(model, run.eval_batches["val"][0], compute.device))
     return record

@@ -204,8 +204,6 @@ def summarize(run: Run, step: int, tokens_per_sec: Optional[float], diverged: bo
                "wall_s": p.wall_s,
                **{k: full.get(k) for k in ("final_val_loss_full", "final_val_bpb_full",
                                            "full_eval_targets", "full_eval_split_targets")},
-               # a generated task only: other data have no accuracy field (docs/training.md)
-               **({"final_val_accuracy": full.get("final_val_accuracy")}
-                  if run.data.scores_answers else {})}
+               **run.data.accuracy("final_val_accuracy", full.get("final_val_accuracy"))}
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in summary.items()}
