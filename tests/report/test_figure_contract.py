@@ -58,6 +58,9 @@ STUDIES = {
     "reparam/text_d32": (["--against", "scaling=sqrt_dk,model.qk_init_std=null,optim.qk_lr_mult=1",
                           "--against", "scaling=none,model.qk_init_std=null,optim.qk_lr_mult=1"],
                          None, {}),
+    "reparam/recall": (["--against", "scaling=sqrt_dk,model.qk_init_std=0.125,optim.qk_lr_mult=1",
+                        "--against", "scaling=none,model.qk_init_std=0.125,optim.qk_lr_mult=1"],
+                       None, {}),
     "width_transfer": ([], None, {}),
     "width_transfer/seed2": ([], None, {}),
 }
