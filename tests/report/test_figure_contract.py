@@ -197,16 +197,19 @@ def overlapping_texts(fig) -> list[str]:
     return bad
 
 
+def covered(ax, box) -> int:
+    """How many of the panel's plotted points lie inside a display-space box."""
+    xy = ax.transData.transform(points(ax)) if len(points(ax)) else np.zeros((0, 2))
+    return int(((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0)
+                & (xy[:, 1] < box.y1)).sum())
+
+
 def legend_over_points(fig) -> list[str]:
     renderer = rendered(fig)
     bad = []
     for legend, ax in itertools.product(legends(fig), fig.axes):
-        frame = legend.get_window_extent(renderer)
-        xy = ax.transData.transform(points(ax)) if len(points(ax)) else np.zeros((0, 2))
-        inside = ((xy[:, 0] > frame.x0) & (xy[:, 0] < frame.x1) & (xy[:, 1] > frame.y0)
-                  & (xy[:, 1] < frame.y1))
-        if inside.any():
-            bad.append(f"a legend covers {int(inside.sum())} point(s) of {ax.get_title()!r}")
+        if n := covered(ax, legend.get_window_extent(renderer)):
+            bad.append(f"a legend covers {n} point(s) of {ax.get_title()!r}")
     return bad
 
 
@@ -214,13 +217,9 @@ def texts_over_points(fig) -> list[str]:
     """A label written inside a panel (a reference level's name, say) covers none of its points."""
     renderer, bad = rendered(fig), []
     for ax in fig.axes:
-        xy = ax.transData.transform(points(ax)) if len(points(ax)) else np.zeros((0, 2))
         for text in ax.texts:
-            box = text.get_window_extent(renderer)
-            inside = ((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0)
-                      & (xy[:, 1] < box.y1))
-            if inside.any():
-                bad.append(f"{text.get_text()[:30]!r} written over {int(inside.sum())} point(s)")
+            if n := covered(ax, text.get_window_extent(renderer)):
+                bad.append(f"{text.get_text()[:30]!r} written over {n} point(s)")
     return bad
 
 
