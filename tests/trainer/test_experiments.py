@@ -67,9 +67,10 @@ def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
     assert not any("SCIENCE" in line for line in lines)
 
 
+LENGTH_PRESETS = ("length_generalisation", "length_generalisation_lookup")
 
 
-@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + ("width_transfer",))
+@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + LENGTH_PRESETS + ("width_transfer",))
 def test_every_swept_value_builds_a_valid_config(name):
     """Each value of each swept key, in the preset and built into the dataclasses the run uses:
     a value the schema or a __post_init__ check refuses fails here, not an hour into the sweep.
@@ -257,3 +258,37 @@ def test_width_transfer_is_sp_and_mup_by_two_scales_over_8x_width_and_a_factor_2
     assert any(line.startswith("# Wall time:") for line in lines)
     report = "# Report: python scripts/plot_runs.py <folder> --out docs/results/width_transfer"
     assert report in text
+
+
+@pytest.mark.parametrize("name", LENGTH_PRESETS)
+def test_length_presets_are_multiruns_of_five_seeds_that_start_with_a_command(name):
+    cfg = preset(name)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
+    assert sweep_values(cfg, "trainer.seed") == ["1", "2", "3", "4", "5"]
+    assert header(name)[1].startswith("# python train.py experiment=length_generalisation")
+    assert cfg.scaling.name == "sqrt_dk" and cfg.trainer.on_nan == "stop"
+
+
+def test_length_text_preset_sweeps_nope_and_rope_by_every_length_factor_on_the_default_run():
+    cfg = preset("length_generalisation")
+    assert sweep_values(cfg, "model.pos") == ["nope", "rope"]
+    assert sweep_values(cfg, "scaling.length") == ["fixed", "log_n", "log_n_eval", "ssmax"]
+    assert list(cfg.trainer.eval_lengths) == [64, 1024]
+    default = compose_preset("length_generalisation", hydra=False)
+    assert (default.data.source, default.model.block_size, default.trainer.max_steps) == (
+        "shakespeare", 64, 2000)
+    text = "\n".join(header("length_generalisation"))
+    assert "e^D / (e^D + n - 1)" in text and "Registered before any run" in text
+    assert "model.pos=learned scaling.length=fixed trainer.eval_lengths=[64]" in text
+
+
+def test_length_lookup_preset_is_one_nope_layer_on_kv_trained_to_64_pairs():
+    cfg = preset("length_generalisation_lookup")
+    assert (cfg.data.source, cfg.data.task, cfg.data.seq_len, cfg.data.min_pairs) == (
+        "recall", "kv", 65, 2)
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.pos) == (1, 1, "nope")
+    assert sweep_values(cfg, "model.pos") == ["nope"]
+    assert sweep_values(cfg, "scaling.length") == ["fixed", "log_n", "ssmax"]
+    assert list(cfg.trainer.eval_lengths) == [16, 32, 64, 256, 1024, 2048]
+    assert cfg.trainer.max_steps == 600 and cfg.model.block_size == 65
