@@ -11,7 +11,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from data.tokenizer import SAFE_CUT, SPECIALS
+from data.documents import SAFE_CUT
+from data.tokenizer import SPECIALS
 
 BPE_PIECE_CHARS = 1 << 12    # BPE encodes and trains on exact pieces of about this size
 

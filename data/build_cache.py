@@ -6,6 +6,7 @@ so memory stays bounded and a killed build leaves no cache. `verify` re-reads a 
 sha256 a build recorded (data.verify=true).
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -25,12 +27,13 @@ from data import cache
 from data.char import CharTable, alphabet_of, build_char
 from data.config import DataConfig
 from data.documents import Piece
-from data.tokenizer import EOT, PAD, SPLITS
+from data.tokenizer import EOT, PAD
 from model.errors import DataError
 
 BATCH_CHARS = 1 << 22        # characters per encode batch (bounds memory, feeds all cores)
 BATCH_PIECES = 1 << 16       # pieces per encode batch, for corpora of many tiny documents
 UINT16_IDS = 2**16
+SPLITS = ("train", "val")
 
 
 def close_synced(f) -> None:
@@ -79,9 +82,28 @@ def build_tokenizer(cfg: DataConfig, source) -> Tokenizer:
     return bpe.build_bpe(bpe.bpe_sample(source, cfg.bpe_sample_mb << 20), cfg.vocab_size)
 
 
-def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = True) -> None:
-    """Tokenise both splits into a temporary folder, then rename it to `key` in one step.
-    data.prepare calls it holding the key's file lock, so no other build of `key` is running."""
+@contextmanager
+def file_lock(path: Path):
+    """Hold an exclusive `fcntl.flock` on `path` (created if needed) for the block: the kernel
+    releases it when the file closes, also when the holder crashes, so no stale lock is left."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)   # blocks while another process holds it
+        yield
+
+
+def build(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool = True) -> bool:
+    """The cache `key`, built under its file lock unless another process built it meanwhile
+    (concurrent runs preparing one key: a sweep, DDP ranks); whether it was found built."""
+    with file_lock(tokens_dir / f".{key}.lock"):
+        if (tokens_dir / key).exists():
+            return True
+        write_cache(cfg, source, tokens_dir, key, progress)
+    return False
+
+
+def write_cache(cfg: DataConfig, source, tokens_dir: Path, key: str, progress: bool) -> None:
+    """Tokenise both splits into a temporary folder, then rename it to `key` in one step; the
+    caller holds the key's file lock, so no other build of `key` is running."""
     for old in tokens_dir.glob(f".{key}.*"):   # from builds that were killed
         shutil.rmtree(old, ignore_errors=True)
     start = time.perf_counter()

@@ -1,15 +1,8 @@
-"""The token cache on disk (docs/data.md "The token cache"); data/build_cache.py writes it:
+"""The token cache on disk, as data/build_cache.py writes it (docs/data.md "The token cache"):
+token shards `<split>-<index>.bin` (documents joined by EOT), `<split>_docs.bin` (int64 document
+starts), tokenizer.json and meta.json (counts, shard sizes, content sha256; written last)."""
 
-    <cache_root>/tokens/<name>-<tokenizer>[<vocab>]-<key[:16]>/
-        tokenizer.json                 the tokenizer (trainer/run_dir.py copies it into runs)
-        train-00000.bin, val-00000.bin, ...    uint16/uint32 ids, documents joined by EOT
-        train_docs.bin, val_docs.bin   int64 start offset of each document in its split
-        meta.json                      counts, shard sizes, content sha256 (written last)
-"""
-
-import fcntl
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,21 +19,12 @@ def default_cache_root(cache_dir=None) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnscale"
 
 
-@contextmanager
-def file_lock(path: Path):
-    """Hold an exclusive `fcntl.flock` on `path` (created if needed) for the block: the kernel
-    releases it when the file closes, also when the holder crashes, so no stale lock is left."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)   # blocks while another process holds it
-        yield
-
-
 def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.bin"
 
 
 class ShardedTokens:
-    """A split's shards as one read-only 1-D token array (memmaps, so all processes of a DDP job
+    """A split's shards as one read-only 1-D token array of memmaps (the processes of a DDP job
     share the page cache): `len()`, `x[i]`, `x[a:b]` -> np.ndarray, across shard boundaries."""
 
     def __init__(self, paths: list[Path], sizes: list[int], dtype: str):

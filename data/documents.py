@@ -1,21 +1,28 @@
 """Records as documents (docs/data.md "Sources"), what every source does with the text it reads. A
 source yields a split as pieces `(text, ends)`: text continues the current document, `ends` closes
-it. A record (a work, a file, a hub row) is normalised and cut into chunks at safe cuts
-(data/tokenizer.py), which never fall inside a run of line breaks, so a chunk that does not end with
-a newline continues its last line or paragraph. The default corpus is one document per work;
-data.document=line|paragraph (the text and hub sources) splits records by line or paragraph.
+it. A record (a work, a file, a hub row) is normalised and cut into chunks at safe cuts, which
+never fall inside a run of line breaks, so a chunk that does not end with a newline continues its
+last line or paragraph. data.document=line|paragraph (the text and hub sources) splits records by
+line or paragraph.
+
+A *safe cut* is after a newline between two non-space characters (`x\\n|y`), else before a single
+space between two (`x| y`). GPT-2's pre-tokenizer never joins text across one, so pieces encode to
+the ids of the whole document; a CUT_WINDOW stretch without one is cut between two non-space
+characters (for bpe, maybe inside a word).
 """
 
 import re
 from collections.abc import Iterable, Iterator
 
-from data.tokenizer import CUT_WINDOW, safe_cut
 from model.errors import DataError
 
 Piece = tuple[str, bool]   # (text continuing the current document, whether it ends it)
 CHUNK_CHARS = 1 << 20      # long records are cut into pieces of about this size
 _BLANK_RUN = re.compile(r"\n{3,}")
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+CUT_WINDOW = 1 << 16       # how far back from the end of a buffer a safe cut is looked for
+SAFE_CUT = re.compile(r"\S\n(?=\S)|\S(?= \S)")
+_NON_SPACE_PAIR = re.compile(r"\S(?=\S)")   # the fallback: no whitespace rule can match here
 
 
 def not_utf8(e: UnicodeDecodeError, where: str, offset: int = 0) -> DataError:
@@ -23,6 +30,18 @@ def not_utf8(e: UnicodeDecodeError, where: str, offset: int = 0) -> DataError:
     return DataError(f"{where} is not valid UTF-8: byte offset {offset + e.start} holds "
                      f"0x{e.object[e.start]:02x} ({e.reason}). Convert the file to UTF-8 (e.g. "
                      "`iconv -f latin1 -t utf-8`) or remove it from the file list.")
+
+
+def safe_cut(text: str) -> int:
+    """The last safe cut in `text` (see the module docstring), 0 when it has none."""
+    for pattern in (SAFE_CUT, _NON_SPACE_PAIR):
+        for window in (1 << 10, CUT_WINDOW):   # most text has a cut in its last kilobyte
+            last = None
+            for match in pattern.finditer(text, max(0, len(text) - window)):
+                last = match
+            if last is not None and (pattern is SAFE_CUT or len(text) >= CUT_WINDOW):
+                return last.end()
+    return len(text) if len(text) >= CUT_WINDOW else 0
 
 
 def chunked(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:

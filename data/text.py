@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.config import DataConfig
-from data.documents import Piece, normalise_stream, not_utf8, record_pieces
+from data.documents import Piece, normalise_stream, not_utf8, record_pieces, safe_cut
 from data.sources import file_identity
-from data.tokenizer import safe_cut
 from model.errors import DataError
 
 BLOCK_BYTES = 1 << 20      # text files are read in blocks of this size

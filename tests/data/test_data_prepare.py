@@ -150,11 +150,11 @@ def test_two_processes_prepare_at_once(tmp_path):
         import data.build_cache as build_cache
         import data.prepare as prep
         from data.config import DataConfig
-        real = build_cache.build
+        real = build_cache.write_cache
         def slow_build(*args):
             time.sleep(1.0)   # hold the lock long enough for the other process to wait on it
             real(*args)
-        build_cache.build = slow_build
+        build_cache.write_cache = slow_build
         data = prep.prepare(DataConfig(**{cfg.__dict__!r}))
         print(json.dumps({{"reused": data.reused, "sum": int(data.train[:].sum())}}))
     """

@@ -17,10 +17,10 @@ import pytest
 
 from data.bpe import bpe_sample, build_bpe, exact_pieces
 from data.config import DataConfig
-from data.documents import chunked, normalise
+from data.documents import chunked, normalise, safe_cut
 from data.prepare import prepare
 from data.text import TextSource
-from data.tokenizer import encode, safe_cut
+from data.tokenizer import encode
 from model.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
