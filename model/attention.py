@@ -2,21 +2,18 @@
 
     Attention(Q, K, V) = softmax(Q K^T * s + M) V
 
-`s` is the score scale (MultiHeadAttention.scale, from the per-head width d_head, never
-d_model), `M` the additive mask: 0 where a key may be attended, -inf where not (build_mask).
-`explicit` computes the equation line by line and keeps the weights; `sdpa` hands the same q,
-k, v, s and M to F.scaled_dot_product_attention; forward picks one with a single `if`, and
-tests hold the two equal. The scale is SCALES[scaling.name](d_head, scaling) (model/config.py
-holds every variant's formula; docs/scaling.md explains them); `learned` keeps one learned
-log-scale per head instead, and `uniform`'s s = 0 gives every allowed key the same weight.
-Optional soft-cap (Gemma 2, Gemma Team 2024): logits <- c * tanh(logits / c), after the scale.
-model.pos=rope turns q and k by their positions (model/rope.py);
-scaling.length multiplies row i's q by g(n_i), n_i its allowed keys (model/length.py).
+`s` is the score scale (MultiHeadAttention.scale), a function of the per-head width d_head, never
+d_model: SCALES[scaling.name](d_head, scaling) (model/config.py holds every formula,
+docs/scaling.md explains them); `learned` learns one log-scale per head instead. `M` is the
+additive mask: 0 where a key may be attended, -inf where not (build_mask). `explicit` computes
+the equation line by line and keeps the weights; `sdpa` hands the same q, k, v, s and M to
+F.scaled_dot_product_attention; forward picks one with a single `if`, and tests hold the two
+equal. Optional soft-cap (Gemma 2): logits <- c * tanh(logits / c), after the scale.
 s multiplies q before the product: in float16 (q @ k^T) * s overflows 65504 where (q * s) @ k^T
 does not (q = k = 40, d_head = 64: inf versus 12800).
 
-Masks are bool, True = may attend (SDPA's and Hugging Face's polarity; nn.MultiheadAttention's
-key_padding_mask is the negation). A row with no allowed key follows Mask's policy everywhere.
+Masks are bool, True = may attend (SDPA's polarity; nn.MultiheadAttention's key_padding_mask is
+the negation).
 
 Dimension letters: B batch, T time, C model width (d_model), H heads, D head width (d_head).
 """

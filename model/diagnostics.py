@@ -1,5 +1,4 @@
-"""Diagnostics of attention: per-head statistics of one forward (MultiHeadAttention.explain,
-GPT.attention_stats), in float32 from detached tensors whatever the caller's autocast dtype,
+"""Diagnostics of attention: per-head statistics of one forward, in float32 from detached tensors,
 and q/k gradient norms. Dimension letters: B batch, T time, H heads, D head width (d_head)."""
 
 from typing import Optional

@@ -1,6 +1,5 @@
 """Errors a user can fix by changing their input, and the checks that raise them. Entry points
-(train.py, scripts/) print a UserError as one paragraph with a non-zero exit code instead of a
-traceback; library callers can catch it as a ValueError."""
+print a UserError as one paragraph and exit with code 2; library callers can catch a ValueError."""
 
 import math
 
@@ -22,19 +21,16 @@ def invalid(key: str, value, fix: str, error: type = ConfigError) -> UserError:
     return error(f"{key}={value!r} is not valid: {fix}")
 
 
-def is_positive_number(value) -> bool:
-    """A positive finite int or float (a bool is not a number here)."""
+def is_positive_number(value) -> bool:   # a bool is not a number here
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and value > 0)
 
 
-def check_positive_int(key: str, value) -> None:
-    """ConfigError unless value is an int >= 1 (a bool is not a count)."""
+def check_positive_int(key: str, value) -> None:   # a bool is not a count
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         raise ConfigError(f"{key}={value!r} must be a positive integer; set {key} to 1 or more.")
 
 
 def check_dropout(key: str, value) -> None:
-    """ConfigError unless value is a probability in [0, 1) (a bool is not a probability)."""
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
         raise ConfigError(f"{key}={value!r} must be in [0, 1); 0.0 turns dropout off.")

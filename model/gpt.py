@@ -1,10 +1,7 @@
-"""A decoder-only transformer (GPT-2 shape) built on model.attention.MultiHeadAttention: token
-and learned position embeddings (model.pos=learned; rope turns q and k in the attention, nope
-has no position input), pre-LayerNorm blocks (attention, a 4x GELU MLP), a final
-LayerNorm and an LM head tied to the token embeddings; GPT-2 initialisation (Radford et al.
-2019, as in nanoGPT), which param=mup rescales with the width (model/mup.py, readout_mult).
-Dimension letters: B batch, T time, C model width (d_model), V vocabulary.
-"""
+"""A decoder-only transformer (GPT-2 shape, as nanoGPT's) on model.attention's attention: token
+and position embeddings, pre-LayerNorm blocks (attention, a 4x GELU MLP), a final LayerNorm and
+an LM head tied to the token embeddings; GPT-2's initialisation (param=mup: model/mup.py).
+Dimension letters: B batch, T time, C model width (d_model), V vocabulary."""
 
 import math
 from collections.abc import Iterator
@@ -63,8 +60,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The language model; its blocks build `attention`, MultiHeadAttention or a speed-route
-    subclass that the caller chooses (trainer/build.py)."""
+    """The language model; its blocks build `attention`: MultiHeadAttention or a speed route."""
 
     def __init__(self, config: GPTConfig, attention: type[MultiHeadAttention] = MultiHeadAttention):
         super().__init__()
@@ -99,8 +95,7 @@ class GPT(nn.Module):
         self.readout_mult = config.param.output_mult / config.width_mult
 
     @property
-    def attention_name(self) -> str:
-        """The attention module's class, for the run's start line."""
+    def attention_name(self) -> str:   # for the run's start line
         return type(self.blocks[0].attn).__name__
 
     def trunk(self, idx: Tensor, valid_mask: Optional[Tensor] = None,
@@ -126,8 +121,7 @@ class GPT(nn.Module):
                 valid_mask: Optional[Tensor] = None,
                 reduction: str = "mean") -> tuple[Tensor, Optional[Tensor]]:
         """idx (B, T) long -> (logits (B, T, V) float, cross-entropy or None). targets (B, T),
-        IGNORE_INDEX where there is nothing to predict. reduction "sum": the trainer divides
-        once by the real targets of all micro-batches and processes."""
+        IGNORE_INDEX where there is nothing to predict."""
         x = self.ln_f(self.trunk(idx, valid_mask))  # (B, T, C)
         if self.readout_mult != 1.0:  # param: output_mult / m, once, on the read-out's input
             x = x * self.readout_mult
@@ -141,8 +135,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def attention_stats(self, idx: Tensor, valid_mask: Optional[Tensor] = None
                         ) -> list[dict[str, Tensor]]:
-        """Per layer, the statistics of model/diagnostics.py, each (H,), from the explicit
-        path; in eval mode, so that dropout neither changes them nor consumes random numbers."""
+        """Per layer, model/diagnostics.py's statistics, each (H,), from the explicit path; in
+        eval mode, so that dropout neither changes them nor draws random numbers."""
         stats = []
         with eval_mode(self):
             self.trunk(idx, valid_mask, stats)
@@ -155,13 +149,11 @@ class GPT(nn.Module):
         """The max_new_tokens tokens that continue each prompt (left-padded with pad_id and
         masked; cropped on the left to block_size). temperature 0 is greedy. Call eval() first."""
         if not prompts or any(len(p) == 0 for p in prompts):
-            raise ConfigError("generate() needs at least one prompt and every prompt needs at "
-                              "least one token; start empty prompts with a token such as "
-                              "end-of-text.")
-        if temperature < 0:
-            raise ConfigError(f"temperature={temperature} must be >= 0 (0 means greedy).")
-        if top_k is not None and top_k < 1:
-            raise ConfigError(f"top_k={top_k} must be null or a positive integer.")
+            raise ConfigError("generate() needs a prompt, and every prompt needs at least one "
+                              "token (start an empty one with end-of-text).")
+        if temperature < 0 or top_k is not None and top_k < 1:
+            raise ConfigError(f"temperature={temperature} must be >= 0 (0 means greedy) and "
+                              f"top_k={top_k} must be null or a positive integer.")
         device, L = self.wte.weight.device, max(len(p) for p in prompts)
         idx = torch.tensor([[pad_id] * (L - len(p)) + p for p in prompts], device=device)  # (B, L)
         valid = torch.tensor([[False] * (L - len(p)) + [True] * len(p) for p in prompts],
