@@ -8,11 +8,10 @@
 
 `train` is the loop: one `train_step` (trainer/step.py) per iteration, and at check steps one
 collective and host sync, then logging, evaluation and checkpoints as `if step % k == 0` lines.
-docs/training.md describes the configuration, the run directory and the resume rules. Exit
-codes (trainer/job.py): 0 done (or diverged with trainer.on_nan=stop), 2 bad config, data or
-checkpoint, 3 diverged with trainer.on_nan=raise, 128+signal when stopped by SIGINT/SIGTERM.
+docs/training.md describes the configuration, the run directory, resuming and the exit codes.
 """
 
+import os
 import signal
 import sys
 import time
@@ -26,13 +25,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from model.errors import ConfigError, UserError
+from model.errors import UserError
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank
 from trainer.evaluate import describe, evaluate, evaluate_full, write_samples
 from trainer.files import display_path
-from trainer.job import Diverged, Interrupted, Job, StopSignal, exit_if_sweep_stopped, rank_argv
-from trainer.run_dir import RunDir, refuse_to_mix, remove_if_unstarted, summarize
+from trainer.job import Diverged, Interrupted, Job, StopSignal, exit_if_sweep_stopped
+from trainer.run_dir import RunDir, summarize
 from trainer.schema import LoggerConfig, TrainerConfig, register_configs
 from trainer.step import train_step
 
@@ -43,7 +42,6 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
     """Train as `cfg` says into run_dir (rank 0); the summary, or None when a resumed run is
     already finished. Raises UserError (before writing anything), Interrupted, Diverged."""
     job = job or Job()
-    refuse_to_mix(cfg.trainer.resume, run_dir)   # before build: no process wrote yet
     run = build(cfg, job.jobs_at_once())
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)
@@ -60,7 +58,7 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
                 return None
     if resumed_from is None:
         torch.manual_seed(train_cfg.seed + compute.rank)   # dropout masks differ across processes
-    out = RunDir(run, run_dir, resumed_from, job.overrides)
+    out = RunDir(run, run_dir, resumed_from, job.overrides)   # no new run where one is
     step = state.progress.step
     clock = Clock(step, run.config.tokens_per_step, state.progress.wall_s)
     if step == 0:
@@ -189,28 +187,24 @@ def hydra_main(cfg: DictConfig) -> None:
     run_dir = job.join_processes(Path(hc.runtime.output_dir), cfg.trainer.device)
     rank, together = process_rank(), False   # together: every process leaves at one barrier
     try:
-        logger_cfg = LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True))
-        if logger_cfg.name != "none":   # a missing package fails here, before any data work
+        if cfg.logger.name != "none":   # a missing package fails here, before any data work
             from trainer.loggers import require
-            require(logger_cfg)
+            require(LoggerConfig(**OmegaConf.to_container(cfg.logger, resolve=True)))
         job.skip_if_stopped(run_dir)
         summary = train(cfg, run_dir, job)
         together = True
     except (UserError, Interrupted, Diverged) as err:
         # a stop is all-reduced: every process stopped after the same step
         together = isinstance(err, Interrupted)
-        job.end_on(err, run_dir, SCRIPT, cfg.trainer.resume)
+        from trainer.exits import end_on  # loaded only when a run does not finish
+        end_on(job, err, run_dir, SCRIPT, cfg.trainer.resume)
     finally:
         job.leave_processes(together)
-    if rank == 0:
+    if rank == 0 and summary is not None:   # None: a finished run, resumed, did nothing
         print_outcome(summary, run_dir)
 
 
-def print_outcome(summary: Optional[dict], run_dir: Path) -> None:
-    """The run's last lines (rank 0); a finished run resumed (summary None) wrote nothing."""
-    if summary is None:
-        remove_if_unstarted(run_dir)
-        return
+def print_outcome(summary: dict, run_dir: Path) -> None:
     print(f"best val loss {summary['best_val_loss']:.4f} at step {summary['best_step']} "
           f"(final {summary['final_val_loss']:.4f}; {summary['steps']} steps, "
           f"{summary['wall_s']:.0f} s)" if not summary["diverged"] else
@@ -221,14 +215,12 @@ def print_outcome(summary: Optional[dict], run_dir: Path) -> None:
 def main() -> None:
     register_configs()
     overrides = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
-    if overrides:
-        from trainer.overrides import check_group_overrides
-        try:
-            check_group_overrides(overrides)
-        except ConfigError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-    sys.argv = rank_argv(sys.argv)   # a torchrun rank above 0 makes no run directory
+    if overrides:   # a bad config group is named with its files (exit code 2)
+        from trainer.overrides import exit_on_bad_groups
+        exit_on_bad_groups(overrides)
+    if int(os.environ.get("RANK", "0")) > 0:   # a torchrun rank above 0 makes no run directory
+        from trainer.distributed import rank_argv
+        sys.argv = rank_argv(sys.argv)
     try:
         hydra_main()
     finally:

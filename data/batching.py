@@ -1,9 +1,6 @@
-"""Training and validation batches from a flat token array (docs/data.md "Batching"): `concat`
-rows are random windows of T + 1 tokens across documents (nanoGPT; `pad`: data/padded.py).
-Batch `step` is a pure function of (seed, step), so a resumed run draws the batches of the
-uninterrupted one, and every rank draws the same global batch (B rows) and keeps its
-b = B // world_size rows, so the batch does not depend on the number of processes.
-"""
+"""Batches from a flat token array (docs/data.md "Batching"), and what the trainer reads of its
+data. Batch `step` is a pure function of (seed, step); every rank draws the same global batch
+(B rows) and keeps its b = B // world_size rows."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,8 +26,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class BatchShape:
-    """A global batch of `batch_size` rows of `block_size` tokens, split over `world` processes:
-    this process (`rank`) keeps its `rows`, b = batch_size // world of them."""
+    """A global batch of `batch_size` rows of `block_size` tokens, split over `world` processes."""
 
     batch_size: int
     block_size: int
@@ -44,14 +40,14 @@ class BatchShape:
                             "evenly.")
 
     @property
-    def rows(self) -> slice:
-        """This process's rows of the global batch."""
+    def rows(self) -> slice:   # this process's rows of the global batch
         b = self.batch_size // self.world
         return slice(self.rank * b, (self.rank + 1) * b)
 
 
 class Sampler(Protocol):
-    """Training batches one after another; its state (a step counter) resumes them exactly."""
+    """Training batches one after another; its state, a step counter and the settings that fix
+    the batches, resumes them (trainer/resume.py checks the settings)."""
 
     def next(self) -> Batch: ...
     def state_dict(self) -> dict: ...
@@ -59,8 +55,8 @@ class Sampler(Protocol):
 
 
 class TrainingData(Protocol):
-    """What the trainer reads of its data, the same for a prepared corpus (data/prepare.py,
-    PreparedData) and a generated task (data/recall.py, RecallData)."""
+    """What the trainer reads of its data: data/prepare.py's PreparedData, data/recall.py's
+    RecallData."""
 
     vocab_size: int
     pad_id: int
@@ -85,22 +81,9 @@ class TrainingData(Protocol):
         evaluation and in every run of a sweep) and the training sampler drawing with `seed`."""
 
 
-def restore_step(sampler: Sampler, saved: dict, fix: str) -> int:
-    """The step of a saved sampler state, or DataError naming what differs from `sampler`'s
-    (resuming would not replay the same batches); `fix` says which settings to keep."""
-    mine = sampler.state_dict()
-    diff = [k for k in mine if k != "step" and saved.get(k) != mine[k]]
-    if diff:
-        raise DataError(f"The saved sampler state differs from this run in {diff} (saved "
-                        f"{ {k: saved.get(k) for k in diff} }, now { {k: mine[k] for k in diff} });"
-                        f" resuming would not replay the same batches. {fix}")
-    return int(saved["step"])
-
-
 class Batcher:
-    """`concat` batches of a corpus split (nanoGPT's): each row a random window of T + 1 tokens
-    of `tokens`, across documents. data/padded.py's PaddedBatcher (data.packing=pad) changes
-    which rows are drawn and how they are filled."""
+    """`concat` batches (nanoGPT's): each row a random window of T + 1 tokens of `tokens`, across
+    documents. data/padded.py's PaddedBatcher (data.packing=pad) draws and fills rows its way."""
 
     packing = "concat"
 
@@ -110,7 +93,6 @@ class Batcher:
         self.check()
 
     def check(self) -> None:
-        """DataError unless the split holds one row."""
         if len(self.tokens) < self.block_size + 1:
             raise DataError(f"The split has {len(self.tokens)} tokens, shorter than one block of "
                             f"block_size + 1 = {self.block_size + 1}; use a smaller block_size "
@@ -127,8 +109,7 @@ class Batcher:
                 "n_tokens": len(self.tokens)}
 
     def load_state_dict(self, d: dict) -> None:
-        self.step = restore_step(self, d, "Resume with the same data, seed, batch_size and "
-                                 "block_size.")
+        self.step = int(d["step"])
 
     def global_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(start, length) of each of the B rows of global batch `step`."""

@@ -1,8 +1,5 @@
-"""Build a run from the composed config: processes, device, precision, data, model, optimizer.
-
-`build(cfg)` validates everything and writes nothing but the data cache. TrainState is what the
-next optimizer step depends on, and what last.pt saves.
-"""
+"""Build a run from the composed config: device, precision, data, model, optimizer. `build(cfg)`
+validates everything and writes nothing but the data cache."""
 
 import math
 import os
@@ -25,9 +22,7 @@ from model.errors import UserError
 from model.gpt import GPT
 from trainer.schema import AUTOCAST, OptimConfig, TrainerConfig
 
-# trainer.threads=auto uses at most this many threads. A choice, not a measurement: this
-# repository's CPU timings come from 2 cores; set trainer.threads to try more.
-MAX_AUTO_THREADS = 8
+MAX_AUTO_THREADS = 8   # trainer.threads=auto's most: a choice (the timings here are of 2 cores)
 
 
 @dataclass(frozen=True)
@@ -39,8 +34,7 @@ class RunConfig:
     train_cfg: TrainerConfig
 
     @property
-    def tokens_per_step(self) -> int:
-        """Tokens of one optimizer step, all micro-steps and processes together."""
+    def tokens_per_step(self) -> int:   # all micro-steps and processes together
         return self.train_cfg.batch_size * self.train_cfg.grad_accum * self.model_cfg.block_size
 
 
@@ -83,7 +77,7 @@ class LossTerm(Protocol):
 
 @dataclass(frozen=True)
 class StepHooks:
-    """What configs attach to the optimizer step (trainer/step.py); the default run, nothing."""
+    """What configs attach to the optimizer step; the default run, nothing."""
 
     loss_term: Optional[LossTerm] = None              # trainer.z_loss: trainer/z_loss.py
     after_step: tuple[Callable[[], None], ...] = ()   # after AdamW: optim.qk_clip's clip
@@ -91,6 +85,8 @@ class StepHooks:
 
 @dataclass
 class TrainState:
+    """What the next optimizer step depends on; last.pt saves it (the hooks are rebuilt)."""
+
     model: GPT                 # the plain module: weights, diagnostics, evaluation, sampling
     wrapped: torch.nn.Module   # model, compiled and/or DDP-wrapped: the step's forward
     optimizer: torch.optim.Optimizer
@@ -153,7 +149,7 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
 
 
 def step_hooks(model: GPT, qk_clip: Optional[float], z_loss: float) -> StepHooks:
-    """The step's hooks, each loaded only when its config names it."""
+    """trainer.z_loss's and optim.qk_clip's hooks, each loaded only when named."""
     loss_term, after_step = None, ()
     if z_loss:
         from trainer.z_loss import ZLoss
@@ -191,8 +187,7 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 def choose_threads(threads, jobs: Optional[int] = None) -> tuple[Optional[int], str]:
     """trainer.threads as a number (None: torch's own), and how auto chose it: OMP_NUM_THREADS,
-    else the cores shared by this machine's torchrun processes, or by the `jobs` of a joblib
-    sweep (which sets OMP_NUM_THREADS itself), at most MAX_AUTO_THREADS."""
+    else the cores shared by this machine's torchrun processes or a joblib sweep's `jobs`."""
     if threads != "auto":
         return threads, ""
     omp = os.environ.get("OMP_NUM_THREADS", "")
@@ -230,8 +225,7 @@ DTYPES = dict(zip(AUTOCAST, (None, torch.bfloat16, torch.float16)))   # fp32: no
 
 
 def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype of trainer.precision (None: float32). auto: bf16 on GPUs (else fp16)
-    and CPUs with AMX tiles; float32 measured faster elsewhere (docs/benchmarks.md)."""
+    """The autocast dtype of trainer.precision (None: float32); auto: docs/training.md."""
     if precision == "auto" and device.type == "cuda":
         precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     elif precision == "auto":
@@ -240,16 +234,14 @@ def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype
     return DTYPES[precision]
 
 
-def precision_name(dtype: Optional[torch.dtype]) -> str:
-    """The trainer.precision name of an autocast dtype (None: float32)."""
+def precision_name(dtype: Optional[torch.dtype]) -> str:   # None: fp32
     return {d: name for name, d in DTYPES.items()}[dtype]
 
 
 def make_optimizer(model: GPT, optim_cfg: OptimConfig,
                    device: torch.device) -> torch.optim.AdamW:
     """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales;
-    muP's and optim.qk_lr_mult's groups where set. Fused: one kernel for all parameters, on the
-    CPU too (docs/benchmarks.md)."""
+    muP's and optim.qk_lr_mult's groups where set. Fused: one kernel, on the CPU too."""
     params = [p for p in model.parameters() if p.requires_grad]
     if model.config.param.name == "mup":
         from model import mup  # loaded only for param=mup

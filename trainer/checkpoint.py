@@ -1,7 +1,6 @@
-"""Checkpoints: the format, saving and reading (resuming from one: trainer/resume.py). Tensors
+"""Checkpoints: the format (docs/training.md, "Checkpoint format"), saving and reading. Tensors
 and plain containers only, read with `torch.load(weights_only=True)`: opening a file runs no code
-from it. best.pt: weights, configs, progress; last.pt adds the optimizer, scheduler, scaler and
-sampler states and each process's random streams (docs/training.md, "Checkpoint format").
+from it. best.pt: weights, configs, progress; last.pt adds the state of training.
 """
 
 import random
@@ -19,6 +18,8 @@ from trainer.files import atomic_write
 
 # version 2: W_q, W_k, W_v are separate matrices; version 1's fused ones are split on reading
 FORMAT, VERSION = "attnscale-checkpoint", 2
+
+
 class CheckpointError(UserError):
     """A checkpoint that cannot be used; `problem` says why, callers say what to do."""
 
@@ -36,24 +37,19 @@ def read(path: Path) -> dict:
             warnings.simplefilter("ignore")   # torch's advice on legacy formats, not ours
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:   # torch raises KeyError, EOFError, RuntimeError, UnpicklingError
-        if "Weights only load failed" in str(err):
-            raise CheckpointError(path, (
-                "it does not read as tensors and plain containers: either it is corrupt, or it "
-                "holds other Python objects (checkpoints of older attnscale versions and other "
-                "programs' files do), which are not unpickled since that could run code."
-                )) from None
         first_line = (str(err).splitlines() or [""])[0][:120]
         raise CheckpointError(path, (
+            "it holds objects other than tensors and plain containers, which are not unpickled "
+            "since that could run code: it is corrupt, or another program's or an older "
+            "attnscale's file." if "Weights only load failed" in str(err) else
             f"it is not a readable PyTorch file ({type(err).__name__}: {first_line}); it is "
             "truncated, corrupt or not a checkpoint.")) from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+    fields = ckpt if isinstance(ckpt, dict) else {}
+    if fields.get("format") != FORMAT or fields.get("version") not in (1, VERSION):
         raise CheckpointError(path, (
-            "it is a PyTorch file but not an attnscale checkpoint (it has no format entry "
-            f"{FORMAT!r}): another program's file, or one from an older attnscale version."))
-    if ckpt.get("version") not in (1, VERSION):
-        raise CheckpointError(path, (
-            f"it is an attnscale checkpoint of format version {ckpt.get('version')!r}; this "
-            f"code reads versions 1 and {VERSION}."))
+            f"it is not an attnscale checkpoint of format version 1 or {VERSION} (format "
+            f"{fields.get('format')!r}, version {fields.get('version')!r}): another program's "
+            "file, or one of another attnscale version."))
     if ckpt["version"] == 1:   # loaded only for such a file
         from trainer.checkpoint_v1 import unfuse_qkv
         return {**ckpt, "model": unfuse_qkv(ckpt["model"])}

@@ -1,7 +1,6 @@
 """Evaluation: losses on fixed batches, attention diagnostics, the whole-split score, samples.
-Losses are means over real target tokens (as in trainer/step.py), summed over processes.
-Evaluating runs in eval mode and draws no random numbers: it never changes what training does.
-"""
+Losses are means over the real targets of all processes; evaluating runs in eval mode and draws
+no random numbers, so it never changes what training does."""
 
 import math
 from contextlib import AbstractContextManager
@@ -21,7 +20,7 @@ from trainer.step import to_device
 
 
 def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """[correct, answered] over the real targets: logits (B, T, V), targets (B, T)."""
+    """[correct, answered]: logits (B, T, V), targets (B, T)."""
     answered = targets != IGNORE_INDEX
     correct = (logits.argmax(-1) == targets) & answered
     return torch.stack([correct.sum(), answered.sum()]).float()
@@ -43,9 +42,8 @@ def estimate(model: torch.nn.Module, batches, autocast: AbstractContextManager,
 
 
 def attention_record(model: GPT, batch, device: torch.device) -> dict:
-    """Per-layer attention diagnostics on `batch`: entropy, max |logit|, saturated rows, and of
-    the raw q.k Var(q.k) / d_head and max |q.k|; `attn_heads` keeps every head (a saturating one
-    is not averaged away), with learned's scale and optim.qk_clip's clips so far."""
+    """The attention diagnostics of `batch` per layer (docs/training.md, "Evaluation");
+    `attn_heads` keeps every head, so that a saturating one is not averaged away."""
     idx, _, valid = to_device(batch, device)
     stats = model.attention_stats(idx, valid)
     heads = {key: [s[key].tolist() for s in stats] for key in stats[0]}
@@ -62,7 +60,7 @@ def attention_record(model: GPT, batch, device: torch.device) -> dict:
 
 
 def evaluate(run: Run, step: int, lr: float, tokens_per_sec: Optional[float]) -> dict:
-    """The eval record of `step`: fixed-batch losses, attention diagnostics (rank 0)."""
+    """The eval record of `step`: fixed-batch losses, and on rank 0 attention diagnostics."""
     model, compute = run.state.model, run.compute
     (val_loss, accuracy, _), (train_loss, _, _) = (
         estimate(model, run.eval_batches[split], compute.autocast, compute.device)
@@ -95,11 +93,10 @@ def window_starts(n_tokens: int, block_size: int, max_tokens: int | None) -> np.
 @torch.no_grad()
 def full_split_loss(model: torch.nn.Module, tokens, shape: BatchShape,
                     autocast: AbstractContextManager, max_tokens: int | None = None) -> FullEval:
-    """Score every token of a split (a 1-D id array) once, in eval mode: window i reads
-    tokens[i*T : i*T + T] (T = shape.block_size) and predicts the next T, so each target has 1 to
-    T tokens of context. A mean per target, so it compares across batch sizes; a split of more
-    than `max_tokens` targets is scored on evenly spread windows (the same for every run). Rank
-    r of shape.world scores every world-th window, shape.batch_size // world at a time."""
+    """Score every token of a split (a 1-D id array) once: window i reads tokens[i*T : i*T + T]
+    (T = shape.block_size) and predicts the next T, so each target has 1 to T tokens of context.
+    A split of more than `max_tokens` targets is scored on evenly spread windows. Rank r scores
+    every world-th window, shape.batch_size // world at a time."""
     block_size, batch_size = shape.block_size, shape.batch_size // shape.world
     device = next(model.parameters()).device
     n = len(tokens)
@@ -127,7 +124,7 @@ def full_split_loss(model: torch.nn.Module, tokens, shape: BatchShape,
 
 def evaluate_full(run: Run) -> dict:
     """summary.json's *_full fields: the final weights on the whole validation split (at most
-    trainer.full_eval_tokens targets), or on the data's answer set, with their accuracy."""
+    trainer.full_eval_tokens targets), or on the data's answer set with its accuracy."""
     compute, train_cfg = run.compute, run.config.train_cfg
     shape = BatchShape(train_cfg.batch_size, run.config.model_cfg.block_size, compute.rank,
                        compute.world)
@@ -164,7 +161,7 @@ def describe(record: dict) -> str:
 
 
 def write_samples(run: Run, run_dir: Path, best: Path) -> None:
-    """samples.txt: a continuation per prompt from `best`'s weights (if written)."""
+    """samples.txt: a continuation of each prompt by `best`'s weights (if written)."""
     model, train_cfg = run.state.model, run.config.train_cfg
     if best.exists():
         model.load_state_dict(checkpoint.read(best)["model"])

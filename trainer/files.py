@@ -1,8 +1,8 @@
-"""The run directory's plain files, without torch (the report reads them too): atomic writes,
-the records of metrics.jsonl, and paths as a user typed them."""
+"""The run directory's plain files, without torch (the report reads them too)."""
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,8 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of metrics.jsonl. A last line that is not JSON was torn by a kill in the
-    middle of a write and is dropped (its step is redone on resume); a bad line anywhere else
-    is damage this code did not make, and is reported."""
+    """The records of metrics.jsonl. A last line that is not JSON was torn by a kill mid-write
+    and is dropped (its step is redone on resume); a bad line elsewhere is reported."""
     lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
@@ -40,10 +39,9 @@ def read_metrics(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             if number == len(lines):
                 break
-            raise UserError(f"{path} line {number} is not JSON, and it is not the last line "
-                            "(only a last line can be torn by an interrupted write). Repair "
-                            "or delete that line, or start a new run without trainer.resume."
-                            ) from None
+            raise UserError(f"{path} line {number} is not JSON, and only a last line can be torn "
+                            "by an interrupted write. Repair or delete that line, or start a new "
+                            "run without trainer.resume.") from None
     return records
 
 
@@ -51,3 +49,10 @@ def display_path(path: Path) -> str:
     """`path` relative to the working directory when inside it, else absolute."""
     inside = path.resolve().is_relative_to(Path.cwd().resolve())
     return os.path.relpath(path) if inside else str(path)
+
+
+def remove_if_unstarted(run_dir: Path) -> None:
+    """Delete a run directory that holds only Hydra's .hydra/ (the run did not start)."""
+    if run_dir.resolve() != Path.cwd().resolve() and run_dir.is_dir() and set(
+            os.listdir(run_dir)) <= {".hydra"}:
+        shutil.rmtree(run_dir)

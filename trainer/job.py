@@ -1,11 +1,6 @@
-"""How a run stops and ends: stop signals, exit codes and the command that resumes it
-(docs/training.md, "Resume").
-
-SIGINT/SIGTERM become a flag the loop reads between steps: the step in flight finishes, last.pt
-is written, and the process exits with 128 + the signal number after printing how to resume.
-`Job` is a run started on its own (`python train.py`, torchrun); trainer/launch.py's SweepJob
-is a sweep's. Under torchrun the processes join one group and share rank 0's run directory.
-"""
+"""How a run stops: stop signals become a flag the loop reads between steps (the step in flight
+finishes, last.pt is written), and `Job`, the hooks of a run started on its own (`python
+train.py`, torchrun; a sweep's is trainer/launch.py's SweepJob). docs/training.md, "Resume"."""
 
 import os
 import signal
@@ -14,12 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, Optional
 
-import torch
 import torch.distributed as dist
-
-from model.errors import UserError
-from trainer.build import process_rank, world_size
-from trainer.run_dir import remove_if_unstarted
 
 STOPS = (signal.SIGINT, signal.SIGTERM)
 
@@ -66,22 +56,19 @@ class Job:
         self.overrides, self.hydra_overrides = list(overrides), list(hydra_overrides)
 
     def stop_signals(self) -> Sequence[int]:
-        """The signals that stop the training loop after its current step."""
         return STOPS
 
     def stopped_before_loop(self) -> int:
-        """A stop signal this process received before its training loop began (0: none)."""
-        return 0
+        return 0   # a stop signal received before the training loop began (0: none)
 
     def jobs_at_once(self) -> Optional[int]:
-        """How many jobs share this machine's cores (trainer.threads=auto); None: this one."""
-        return None
+        return None   # how many jobs share this machine's cores (trainer.threads=auto)
 
     def skip_if_stopped(self, run_dir: Path) -> None:
         """End the job before it trains if its sweep was stopped (a single run never is)."""
 
     def resume_commands(self, run_dir: Path, world: int, script: str) -> list[tuple[str, str]]:
-        """(what, shell command) pairs that continue this run (trainer/resume.py)."""
+        """(what, shell command) pairs that continue this run."""
         from trainer.resume import run_command  # only a stopped run prints one
         return [("this run", run_command(run_dir, world, script,
                                           [*self.overrides, *self.hydra_overrides]))]
@@ -90,55 +77,20 @@ class Job:
         """Under torchrun, join the process group; the run directory, rank 0's for all."""
         if "RANK" not in os.environ or dist.is_initialized():
             return run_dir
-        dist.init_process_group("nccl" if torch.cuda.is_available() and device != "cpu"
-                                else "gloo")
-        shared = [str(run_dir)]
-        dist.broadcast_object_list(shared, src=0)   # only rank 0's Hydra made a directory
-        return Path(shared[0])
+        from trainer.distributed import join  # loaded only under torchrun
+        return join(run_dir, device)
 
     def leave_processes(self, together: bool) -> None:
-        """Leave the process group, if any, at one barrier if all got here `together`."""
         if dist.is_initialized():
-            if together:
-                # gloo's worker threads release a finished collective's tensors after the caller
-                # has moved on; a process that reaches interpreter shutdown before they do
-                # aborts ("terminate called without an active exception").
-                dist.barrier()
-            dist.destroy_process_group()
-
-    def end_on(self, err: Exception, run_dir: Path, script: str,
-               resume: Optional[str]) -> NoReturn:
-        """Exit after `err`: UserError 2, Interrupted 128 + signal (resume printed), Diverged 3."""
-        rank = process_rank()
-        if isinstance(err, Interrupted):
-            if rank == 0:
-                how = "".join(f"\nResume {what} with:\n  {command}" for what, command
-                              in self.resume_commands(run_dir, world_size(), script))
-                print(f"{err}; checkpoint {err.checkpoint}.{how}", file=sys.stderr)
-            self.after_stop(err.signum, resume)
-            self.end(128 + err.signum, run_dir)
-        if isinstance(err, UserError):
-            if rank == 0:
-                remove_if_unstarted(run_dir)
-            print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-            self.end(2, run_dir)
-        print(f"error: {err}", file=sys.stderr)
-        self.end(3, run_dir)
+            from trainer.distributed import leave
+            leave(together)
 
     def after_stop(self, signum: int, resume: Optional[str]) -> None:
         """What a stopped run does before it exits (a cluster job may requeue itself)."""
 
     def end(self, code: int, run_dir: Path) -> NoReturn:
-        """Leave an unfinished run with exit code `code`."""
+        """Leave an unfinished run with exit code `code` (trainer/exits.py chooses it)."""
         sys.exit(code)
-
-
-def rank_argv(argv: list[str]) -> list[str]:
-    """The argv Hydra reads: a torchrun rank above 0 makes no run directory."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        return argv
-    kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
-    return [*kept, "hydra.run.dir=.", "hydra.output_subdir=null"]
 
 
 def exit_if_sweep_stopped(script: str) -> None:

@@ -18,8 +18,8 @@ Rank 0 evaluates alone; the records go to metrics.jsonl (kind "length_eval", one
 summary.json ("length_eval", by length) and one terminal line per length.
 """
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -202,7 +202,8 @@ def lookup(model: GPT, data_cfg: DataConfig, pairs: int, autocast: AbstractConte
         idx, answer = inputs[rows].to(device), targets[rows, -1].to(device)
         layer_inputs = []
         hooks = [block.attn.register_forward_hook(
-            lambda module, args, out: layer_inputs.append(args[0])) for block in model.blocks]
+            lambda module, args, out, seen=layer_inputs: seen.append(args[0]))
+            for block in model.blocks]
         try:
             with autocast:
                 logits, _ = model(idx)  # (r, pairs + 1, V)

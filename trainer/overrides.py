@@ -1,8 +1,9 @@
 """The check of a command line's config-group overrides (`scaling=foo`, `data=`): a clear error
-naming the group's options where Hydra's own message names neither. train.py's `main` runs it
-when the command line has overrides.
+naming the group's options where Hydra's own message names neither. train.py's `main` runs
+exit_on_bad_groups when the command line has overrides.
 """
 
+import sys
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -53,3 +54,12 @@ def check_group_overrides(args: list[str], config_dir: Path = CONFIGS) -> None:
                 raise ConfigError(f"{arg}: the config group `{group}` needs {given}. Its options "
                                   f"({where}): {', '.join(options) or 'none'}; pick one as "
                                   f"{group}=NAME.{tail}")
+
+
+def exit_on_bad_groups(args: list[str]) -> None:
+    """check_group_overrides for train.py's command line: a bad one prints and exits with 2."""
+    try:
+        check_group_overrides(args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

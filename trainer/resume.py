@@ -19,7 +19,7 @@ from hydra.utils import to_absolute_path
 from model.errors import UserError
 from trainer.build import Progress, Run
 from trainer.checkpoint import CheckpointError, read
-from trainer.files import display_path
+from trainer.files import display_path, remove_if_unstarted
 from trainer.schema import GROUPS, LoggerConfig, flat
 
 # Settings that may differ between a checkpoint and the run resuming from it: how long to
@@ -88,6 +88,7 @@ def restore(run: Run, path: Path) -> None:
     state.scheduler.load_state_dict(ckpt["scheduler"])
     if ckpt["scaler"]:   # empty when saved without fp16 (a disabled scaler has no state)
         state.scaler.load_state_dict(ckpt["scaler"])
+    check_sampler(ckpt["sampler"], state.batcher.state_dict(), path)
     state.batcher.load_state_dict(ckpt["sampler"])
     state.progress = Progress(**{f.name: ckpt[f.name] for f in fields(Progress)})
     rngs = ckpt["rng"]   # one per process; a run resumed on another process count uses the first
@@ -125,6 +126,17 @@ def check_resumable(ckpt: dict, config: dict, vocab_size: int, path: Path) -> No
                         "change on resume.")
 
 
+def check_sampler(saved: dict, mine: dict, path: Path) -> None:
+    """Refuse a saved sampler state whose settings (all but the step) differ from this run's:
+    the resumed run would not replay the batches of the uninterrupted one."""
+    diff = [k for k in mine if k != "step" and saved.get(k) != mine[k]]
+    if diff:
+        raise UserError(f"Cannot resume from {path}: its sampler state differs from this run's "
+                        f"in {diff} (saved { {k: saved.get(k) for k in diff} }, now "
+                        f"{ {k: mine[k] for k in diff} }), so the batches would not replay. "
+                        "Resume with the checkpoint's data and batch settings.")
+
+
 def schema_default(key: str):
     """The schema's default of a dotted key ("optim.qk_clip" -> None), or a marker equal to no
     value where the key has none. A key that a checkpoint's config lacks was added to the
@@ -154,4 +166,5 @@ def finished(step: int, max_steps: int, run_dir: Path, rank: int) -> bool:
     if rank == 0:
         print(f"Nothing to do: the run in {run_dir} is finished ({reason}). Its files are left "
               "as they are.")
+        remove_if_unstarted(run_dir)   # a new folder (trainer.resume=PATH) nothing was written to
     return True

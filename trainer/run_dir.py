@@ -1,15 +1,6 @@
-"""Everything a training run writes into its run directory, and reads back on resume.
-
-    run.json        resolved config, overrides, git commit, library versions, device, and one
-                    "segments" record per start or resume (command, times, steps, how it ended)
-    metrics.jsonl   one JSON object per logged step ("kind": "train") and evaluation ("eval")
-    summary.json    written once, when the run ends (or diverges)
-    tokenizer.json  the tokenizer the run used;  samples.txt: continuations of the prompts
-    checkpoints/    last.pt (every trainer.ckpt_every steps and at the end), best.pt
-    tensorboard/, wandb/   the experiment logger's files (trainer/loggers.py)
-
-Files are replaced atomically (a temporary file, fsync, rename): never half of one.
-"""
+"""What a training run writes into its run directory (docs/training.md, "Run directory"):
+run.json, metrics.jsonl, summary.json, tokenizer.json; checkpoints are trainer/checkpoint.py's.
+Files are replaced atomically (a temporary file, fsync, rename): never half of one."""
 
 import json
 import math
@@ -35,24 +26,6 @@ from trainer.schema import LoggerConfig
 RUN_FILES = ("metrics.jsonl", "summary.json", "run.json", "checkpoints/last.pt")
 
 
-def refuse_to_mix(resume: Optional[str], run_dir: Path) -> None:
-    """A new run (trainer.resume unset) does not start where another run's files are."""
-    found = [name for name in RUN_FILES if (run_dir / name).exists()]
-    if resume is None and found:
-        raise UserError(f"The run folder {run_dir} already holds a run ({', '.join(found)}), "
-                        "and a new run there would mix its records with that run's and "
-                        "overwrite its checkpoints. Continue that run with trainer.resume=auto, "
-                        "or give the new run its own folder (hydra.run.dir=<new folder>; for a "
-                        "sweep, a new hydra.sweep.dir).")
-
-
-def remove_if_unstarted(run_dir: Path) -> None:
-    """Delete a run directory that holds only Hydra's .hydra/ (the run failed to start)."""
-    if run_dir.resolve() != Path.cwd().resolve() and run_dir.is_dir() and set(
-            os.listdir(run_dir)) <= {".hydra"}:
-        shutil.rmtree(run_dir)
-
-
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -64,11 +37,17 @@ def cpu_name() -> str:
 
 
 class RunDir:
-    """The run directory as the loop writes it, on rank 0 only. Opening it prints what is about
-    to run, adds this segment to run.json, copies tokenizer.json, opens metrics.jsonl (flushed
-    per line: plots read live runs) and the logger (closed with the segment or by an error)."""
+    """The run directory as the loop writes it, on rank 0 only. Opening it refuses a new run
+    (trainer.resume unset) where another run's files are, prints what is about to run, adds this
+    segment to run.json, copies tokenizer.json, opens metrics.jsonl (flushed per line: plots
+    read live runs) and the logger (closed with the segment or by an error)."""
 
     def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
+        found = [name for name in RUN_FILES if (path / name).exists()]
+        if run.config.train_cfg.resume is None and found:   # every rank refuses
+            raise UserError(f"The run folder {path} already holds a run ({', '.join(found)}). "
+                            "Continue it with trainer.resume=auto, or give the new run its own "
+                            "folder (hydra.run.dir, or for a sweep hydra.sweep.dir).")
         self.path, self.writes = path, run.compute.rank == 0
         self.last, self.best = path / "checkpoints" / "last.pt", path / "checkpoints" / "best.pt"
         self.metrics, self.logger = None, None
@@ -86,27 +65,23 @@ class RunDir:
             kept = [json.dumps(r) + "\n" for r in read_metrics(metrics)
                     if r["step"] <= run.state.progress.step]
             atomic_write(metrics, lambda f: f.write("".join(kept).encode()))
-        # a fresh start here (trainer.resume=auto found no checkpoint) replaces what a run that
-        # never saved one left; a resumed run appends
+        # a resumed run appends; a fresh start replaces what a run that never checkpointed left
         self.metrics = open(metrics, "a" if resumed_from else "w", buffering=1)
         begin_segment(path / "run.json", run, resumed_from, overrides)
         if run.data.tokenizer_path:   # a generated recall task has no tokenizer
             shutil.copyfile(run.data.tokenizer_path, path / "tokenizer.json")
 
-    def log(self, record: dict) -> None:
-        """One line of metrics.jsonl."""
+    def log(self, record: dict) -> None:   # one line of metrics.jsonl
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
             if self.logger:
                 self.logger.record(record)
 
-    def say(self, line: str) -> None:
-        """One line on the terminal, above the progress bar."""
+    def say(self, line: str) -> None:   # one line on the terminal, above the progress bar
         if self.writes:
             tqdm.write(line)
 
-    def end_segment(self, step: int, ended: str) -> None:
-        """Complete this segment of run.json: end step, end time, how it ended."""
+    def end_segment(self, step: int, ended: str) -> None:   # run.json: how the segment ended
         if self.writes:
             record = json.loads((self.path / "run.json").read_text())
             record["segments"][-1].update(ended_at=now(), end_step=step, ended=ended)
@@ -151,8 +126,8 @@ def start_line(run: Run, resumed_from: Optional[Path]) -> str:
 
 def begin_segment(path: Path, run: Run, resumed_from: Optional[Path],
                   overrides: list[str]) -> None:
-    """run.json: what the run is (git commit, library versions and device: what a reader needs
-    to rerun it), as its first segment wrote it, and one record per segment (start or resume)."""
+    """run.json: what the run is (config, git commit, library versions, device), as its first
+    segment wrote it, and one record per segment (start or resume)."""
     import hydra
     import omegaconf
     import tokenizers
@@ -170,9 +145,8 @@ def begin_segment(path: Path, run: Run, resumed_from: Optional[Path],
     env = {"git_commit": git("rev-parse", "HEAD"),
            "git_dirty": None if status is None else bool(status),
            "command": [sys.executable, *sys.argv],
-           "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                        "numpy": np.__version__, "hydra": hydra.__version__,
-                        "omegaconf": omegaconf.__version__, "tokenizers": tokenizers.__version__},
+           "versions": {"python": platform.python_version(), **{m.__name__: m.__version__ for m in (
+               torch, np, hydra, omegaconf, tokenizers)}},
            "device": {"type": device.type,
                       "name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                                else cpu_name()),

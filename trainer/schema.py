@@ -1,6 +1,6 @@
 """Training configs (optim, trainer, logger) and the typed Hydra schema. The frozen dataclasses
-(these, GPTConfig, ScalingConfig, ParamConfig, DataConfig) validate themselves and hold the
-defaults; Hydra merges overrides into mutable copies, so a typo or a wrongly typed override
+(these, GPTConfig, ScalingConfig, ParamConfig, DataConfig) hold the defaults and validate
+themselves; Hydra merges overrides into typed copies, so a typo or a wrongly typed override
 fails at once. A file in configs/<group>/ states only what it changes.
 """
 
@@ -24,6 +24,13 @@ WANDB_MODES = ("offline", "online", "disabled")
 ON_NAN = ("stop", "raise")
 
 
+def refuse(group: str, checks: tuple) -> None:
+    """ConfigError for the first (key, value, ok, fix) of `checks` that is not ok."""
+    for key, value, ok, fix in checks:
+        if not ok:
+            raise invalid(f"{group}.{key}", value, fix)
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warm-up and cosine decay (nanoGPT's shakespeare_char defaults)."""
@@ -36,35 +43,30 @@ class OptimConfig:
     min_lr: float = 1e-4               # lr / 10 (Chinchilla, nanoGPT), reached at max_steps
     grad_clip: float = 1.0             # max global L2 norm; 0 turns clipping off
     # QK-Clip threshold tau (Kimi K2: 100): after each step, shrink W_q and W_k of any head
-    # whose largest logit s q.k in the step exceeded tau (trainer/qk_clip.py); null = off
+    # whose largest logit exceeded tau (trainer/qk_clip.py); null = off
     qk_clip: Optional[float] = None
-    # W_q's and W_k's learning rate is lr x qk_lr_mult at every step, their weight decay
-    # weight_decay / qk_lr_mult (the same decay per step). Under Adam, scaling=sqrt_dk equals
-    # scaling=none with W_q, W_k at d_head^(-1/4) x the init and this at d_head^(-1/4)
-    # (docs/scaling.md, "The scale under Adam"); under param=mup it multiplies muP's own LR
+    # W_q's and W_k's learning rate is lr x qk_lr_mult, their weight decay weight_decay /
+    # qk_lr_mult (docs/scaling.md, "The scale under Adam"); under param=mup, x muP's own LR
     qk_lr_mult: float = 1.0
 
     def __post_init__(self):
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise invalid("optim.lr", self.lr, "use a positive finite learning rate, e.g. 1e-3.")
-        if not 0 <= self.min_lr <= self.lr:
-            raise invalid("optim.min_lr", self.min_lr, f"use a value in [0, optim.lr={self.lr}].")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise invalid("optim.betas", self.betas, "use two numbers in [0, 1), e.g. [0.9,0.99].")
-        if self.weight_decay < 0 or self.eps <= 0:
-            raise invalid("optim.weight_decay/eps", (self.weight_decay, self.eps),
-                          "weight_decay must be >= 0 and eps > 0.")
-        if self.warmup_steps < 0:
-            raise invalid("optim.warmup_steps", self.warmup_steps, "use 0 or more steps.")
-        if self.grad_clip < 0:
-            raise invalid("optim.grad_clip", self.grad_clip, "use 0 (off) or a positive norm.")
-        if self.qk_clip is not None and not (self.qk_clip > 0 and math.isfinite(self.qk_clip)):
-            raise invalid("optim.qk_clip", self.qk_clip, "use null (off) or a positive logit "
-                          "threshold, e.g. 100 (Kimi K2's).")
-        if not is_positive_number(self.qk_lr_mult):
-            raise invalid("optim.qk_lr_mult", self.qk_lr_mult, "use a positive finite multiplier "
-                          "of W_q's and W_k's learning rate, e.g. 1.0 (the global LR) or "
-                          "d_head**-0.25 (sqrt_dk's equivalent for scaling=none).")
+        refuse("optim", (
+            ("lr", self.lr, self.lr > 0 and math.isfinite(self.lr),
+             "use a positive finite learning rate, e.g. 1e-3."),
+            ("min_lr", self.min_lr, 0 <= self.min_lr <= self.lr,
+             f"use a value in [0, optim.lr={self.lr}]."),
+            ("betas", self.betas, len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+             "use two numbers in [0, 1), e.g. [0.9,0.99]."),
+            ("weight_decay/eps", (self.weight_decay, self.eps),
+             self.weight_decay >= 0 and self.eps > 0, "weight_decay must be >= 0 and eps > 0."),
+            ("warmup_steps", self.warmup_steps, self.warmup_steps >= 0, "use 0 or more steps."),
+            ("grad_clip", self.grad_clip, self.grad_clip >= 0,
+             "use 0 (off) or a positive norm."),
+            ("qk_clip", self.qk_clip, self.qk_clip is None or is_positive_number(self.qk_clip),
+             "use null (off) or a positive logit threshold, e.g. 100 (Kimi K2's)."),
+            ("qk_lr_mult", self.qk_lr_mult, is_positive_number(self.qk_lr_mult),
+             "use a positive finite multiplier of W_q's and W_k's learning rate, e.g. 1.0 "
+             "(the global LR) or d_head**-0.25 (sqrt_dk's equivalent for scaling=none).")))
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,7 @@ class TrainerConfig:
     compile: bool = False              # torch.compile (checkpoints hold the plain weights)
     device: str = "auto"               # auto (cuda, then mps, then cpu) | cpu | cuda:N | mps
     # CPU threads: auto (trainer/build.py, printed at start), a number, or null (torch's own).
-    # On a machine that other jobs keep busy set a number (1 there): OpenMP threads that
-    # compete for cores spin-wait on each other.
+    # On a machine other jobs keep busy set 1: competing OpenMP threads spin-wait.
     threads: Any = "auto"
     seed: int = 1337
     resume: Optional[str] = None       # null | auto (this run dir's last.pt) | path/to/last.pt
@@ -92,41 +93,37 @@ class TrainerConfig:
     sample_tokens: int = 200
     sample_temperature: float = 0.8
     sample_top_k: Optional[int] = 200
-    # The end-of-run score of the whole validation split (summary.json's *_full fields) covers
-    # at most this many targets, an even fixed subset (null: every split whole).
+    # The end-of-run score of the whole validation split covers at most this many targets, an
+    # even fixed subset (null: every split whole)
     full_eval_tokens: Optional[int] = 4_000_000
-    # After training, the loss with windows of each length, by position, beside the sliding
-    # window of block_size (trainer/long_eval.py; pairs for data.task=kv); [] = none
+    # After training, the loss with windows of each length (trainer/long_eval.py; pairs for
+    # data.task=kv); [] = none
     eval_lengths: list[int] = field(default_factory=list)
-    # z-loss coefficient (PaLM, Wortsman et al. 2023: 1e-4): adds z_loss * mean (log Z)^2 of the
-    # output softmax to the training loss (trainer/step.py); 0 = off
+    # z-loss coefficient (PaLM: 1e-4): z_loss * mean (log Z)^2 of the output softmax joins the
+    # training loss (trainer/z_loss.py); 0 = off
     z_loss: float = 0.0
 
     def __post_init__(self):
         for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters",
                     "log_every", "ckpt_every"):
             check_positive_int(f"trainer.{key}", getattr(self, key))
-        if self.precision not in PRECISIONS:
-            raise invalid("trainer.precision", self.precision, f"choose {' | '.join(PRECISIONS)}.")
-        if self.on_nan not in ON_NAN:
-            raise invalid("trainer.on_nan", self.on_nan, f"choose {' | '.join(ON_NAN)}.")
-        if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
-            raise invalid("trainer.device", self.device, "choose auto, cpu, cuda, cuda:N or mps.")
-        if self.threads not in ("auto", None) and not (
-                type(self.threads) is int and self.threads >= 1):   # a bool is not a count
-            raise invalid("trainer.threads", self.threads, "use auto, a number of threads >= 1, "
-                          "or null (leave PyTorch's count as it is).")
-        if self.sample_tokens < 0 or self.sample_temperature < 0:
-            raise invalid("trainer.sample_tokens/sample_temperature",
-                          (self.sample_tokens, self.sample_temperature), "use values >= 0.")
-        if self.sample_top_k is not None and self.sample_top_k < 1:
-            raise invalid("trainer.sample_top_k", self.sample_top_k, "use null or >= 1.")
-        if not (self.z_loss >= 0 and math.isfinite(self.z_loss)):
-            raise invalid("trainer.z_loss", self.z_loss, "use 0 (off) or a small positive "
-                          "coefficient, e.g. 1e-4.")
-        if self.full_eval_tokens is not None and self.full_eval_tokens < 1:
-            raise invalid("trainer.full_eval_tokens", self.full_eval_tokens,
-                          "use null (score the whole validation split) or a positive token count.")
+        refuse("trainer", (
+            ("precision", self.precision, self.precision in PRECISIONS,
+             f"choose {' | '.join(PRECISIONS)}."),
+            ("on_nan", self.on_nan, self.on_nan in ON_NAN, f"choose {' | '.join(ON_NAN)}."),
+            ("device", self.device, self.device.split(":")[0] in ("auto", "cpu", "cuda", "mps"),
+             "choose auto, cpu, cuda, cuda:N or mps."),
+            ("threads", self.threads, self.threads in ("auto", None) or (
+                type(self.threads) is int and self.threads >= 1),   # a bool is not a count
+             "use auto, a number of threads >= 1, or null (leave PyTorch's count as it is)."),
+            ("sample_tokens/sample_temperature", (self.sample_tokens, self.sample_temperature),
+             self.sample_tokens >= 0 and self.sample_temperature >= 0, "use values >= 0."),
+            ("sample_top_k", self.sample_top_k, self.sample_top_k is None
+             or self.sample_top_k >= 1, "use null or >= 1."),
+            ("z_loss", self.z_loss, self.z_loss >= 0 and math.isfinite(self.z_loss),
+             "use 0 (off) or a small positive coefficient, e.g. 1e-4."),
+            ("full_eval_tokens", self.full_eval_tokens, self.full_eval_tokens is None
+             or self.full_eval_tokens >= 1, "use null (the whole split) or a positive count.")))
 
 
 @dataclass(frozen=True)
@@ -136,23 +133,22 @@ class LoggerConfig:
     name: str = "none"                 # none | tensorboard | wandb
     project: str = "attnscale"         # wandb: the project the run is filed under
     entity: Optional[str] = None       # wandb: team or user (null: the account's default)
-    # wandb: offline writes the run into the run folder with no account or network (upload it
-    # later with `wandb sync`); online needs `wandb login`; disabled makes wandb a no-op.
+    # wandb: offline writes the run into the run folder (upload it later with `wandb sync`);
+    # online needs `wandb login`; disabled makes wandb a no-op
     mode: str = "offline"
 
     def __post_init__(self):
-        if self.name not in LOGGERS:
-            raise invalid("logger.name", self.name, f"choose {' | '.join(LOGGERS)} "
-                          "(or pick the option: logger=tensorboard).")
-        if self.mode not in WANDB_MODES:
-            raise invalid("logger.mode", self.mode, f"choose {' | '.join(WANDB_MODES)}.")
-        if not (isinstance(self.project, str) and self.project.strip()):
-            raise invalid("logger.project", self.project, "name a W&B project, e.g. attnscale.")
+        refuse("logger", (
+            ("name", self.name, self.name in LOGGERS,
+             f"choose {' | '.join(LOGGERS)} (or pick the option: logger=tensorboard)."),
+            ("mode", self.mode, self.mode in WANDB_MODES, f"choose {' | '.join(WANDB_MODES)}."),
+            ("project", self.project, isinstance(self.project, str) and bool(
+                self.project.strip()), "name a W&B project, e.g. attnscale.")))
 
 
 def hydra_schema(cls: type, exclude: tuple[str, ...] = ()) -> type:
-    """A mutable dataclass with `cls`'s fields (names, types, defaults) minus `exclude`: Hydra
-    merges into it (a frozen one makes OmegaConf's node read-only)."""
+    """A mutable copy of `cls`'s fields (names, types, defaults) minus `exclude`, for Hydra to
+    merge into (a frozen one makes OmegaConf's node read-only)."""
     hints = typing.get_type_hints(cls)
     specs = [(f.name, hints[f.name],
               field(default=f.default) if f.default is not dataclasses.MISSING else

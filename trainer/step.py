@@ -1,10 +1,6 @@
-"""One optimizer step: fetch the micro-batches, forward, backward, clip, AdamW, schedule;
-state.hooks (trainer/build.py's StepHooks) may add a loss term and post-step hooks.
-
-The loss is the sum of the token losses of all micro-batches and processes over their count of
-real targets: a padded micro-batch weighs as its real tokens, and the step does not depend on
-how the global batch is split over processes. Each process returns its share of it.
-"""
+"""One optimizer step: fetch the micro-batches, forward, backward, clip, AdamW, schedule. The
+loss is the sum of the token losses of all micro-batches and processes over their count of real
+targets, so the step does not depend on padding or on how the batch is split over processes."""
 
 import math
 from contextlib import AbstractContextManager, nullcontext
@@ -23,8 +19,8 @@ from trainer.schema import OptimConfig, TrainerConfig
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """A check step's train record fields, read after clipping: W_q's and W_k's gradient norms
-    (mean over layers, and per layer), and under trainer.z_loss the z term's share of the loss."""
+    """A check step's train record fields: W_q's and W_k's gradient norms after clipping (mean
+    over layers, and per layer), and under trainer.z_loss the z term's share of the loss."""
 
     q_grad_norm: float
     k_grad_norm: float
@@ -44,7 +40,6 @@ def to_device(batch: Batch, device: torch.device):
 
 
 def next_batches(batcher: Sampler, n: int, device: torch.device) -> list[tuple]:
-    """The step's `n` micro-batches, on the device."""
     return [to_device(batcher.next(), device) for _ in range(n)]
 
 
@@ -62,7 +57,8 @@ def accumulating(wrapped: torch.nn.Module, last: bool) -> AbstractContextManager
 def train_step(state: TrainState, compute: Compute, optim_cfg: OptimConfig,
                train_cfg: TrainerConfig, diagnose: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor, Optional[Diagnostics]]:
-    """The loss share and the gradient norm before clipping (device tensors); Diagnostics."""
+    """This process's share of the loss and the gradient norm before clipping (device tensors),
+    and when asked the Diagnostics (a host sync)."""
     batches = next_batches(state.batcher, train_cfg.grad_accum, compute.device)
     n_targets = count_targets(batches)
     scale = compute.world / n_targets   # DDP averages gradients over processes: undone here
@@ -88,7 +84,6 @@ def train_step(state: TrainState, compute: Compute, optim_cfg: OptimConfig,
 
 def diagnose_step(model: torch.nn.Module, loss_term: Optional[LossTerm],
                   n_targets: torch.Tensor) -> Diagnostics:
-    """The Diagnostics of a step whose gradients are clipped, not yet applied (host syncs)."""
     q, k = zip(*(block.attn.qk_grad_norms() for block in model.blocks))
     z = None if loss_term is None else all_reduce_sum(loss_term.step_sum() / n_targets).item()
     return Diagnostics(sum(q) / len(q), sum(k) / len(k), list(q), list(k), z)

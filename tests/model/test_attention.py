@@ -3,6 +3,7 @@ route agree with the explicit path, the scales and worked examples are those of
 docs/scaling.md, the masks hold, fully masked rows follow the policy, and the statistics are
 right."""
 
+import dataclasses
 import math
 from decimal import Decimal
 
@@ -33,13 +34,18 @@ def attention_layer(d_model: int, n_head: int, d_head: int, scaling: ScalingConf
                          scaling=scaling, **model))
 
 
-def make_mha(name="sqrt_dk", d_model=12, n_head=3, d_head=4, attn_impl="explicit", seed=0,
-             dropout=0.0, cls=MultiHeadAttention, **scaling):
+SMALL = {"d_model": 12, "n_head": 3, "d_head": 4, "attn_impl": "explicit"}
+GPT_FIELDS = {f.name for f in dataclasses.fields(GPTConfig)}
+
+
+def make_mha(name="sqrt_dk", seed=0, cls=MultiHeadAttention, **fields):
     """A module with random weights; learned temperatures and qk-norm gains are randomised too,
-    so a path that ignored them would be caught."""
+    so a path that ignored them would be caught. `fields`: GPTConfig's (d_model, n_head, d_head,
+    attn_impl, dropout) over SMALL's, the others ScalingConfig's (softcap, norm)."""
     torch.manual_seed(seed)
-    mha = attention_layer(d_model, n_head, d_head, ScalingConfig(name, **scaling), cls=cls,
-                    dropout=dropout, attn_impl=attn_impl)
+    model = {**SMALL, **{k: v for k, v in fields.items() if k in GPT_FIELDS}}
+    scaling = ScalingConfig(name, **{k: v for k, v in fields.items() if k not in GPT_FIELDS})
+    mha = cls(GPTConfig(vocab_size=1, scaling=scaling, **model))
     with torch.no_grad():
         if name == "learned":
             mha.log_scale.uniform_(-2.0, 0.5)
@@ -199,11 +205,11 @@ def test_auto_uses_sdpa_unless_explained_or_softcap(monkeypatch):
     calls = []
     real_sdpa = attention.F.scaled_dot_product_attention
 
-    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-        assert not (is_causal and attn_mask is not None), "attn_mask passed with is_causal"
-        calls.append((attn_mask is not None, is_causal, scale))
-        return real_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                         is_causal=is_causal, scale=scale)
+    def spy(q, k, v, **options):   # the keywords MultiHeadAttention.sdpa passes
+        mask, causal = options["attn_mask"], options["is_causal"]
+        assert not (causal and mask is not None), "attn_mask passed with is_causal"
+        calls.append((mask is not None, causal, options["scale"]))
+        return real_sdpa(q, k, v, **options)
 
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
     x = torch.randn(2, 5, 12)

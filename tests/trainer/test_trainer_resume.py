@@ -7,12 +7,15 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import copy_run, derive, records
 
 import train
+from data.batching import Batcher, BatchShape
 from model.errors import UserError
 from trainer.job import Interrupted
+from trainer.resume import check_sampler
 
 # runs here skip the flushes to disk (conftest.no_fsync)
 pytestmark = pytest.mark.usefixtures("no_fsync")
@@ -161,3 +164,14 @@ def test_a_bad_line_before_the_last_is_reported(tiny_cfg, tiny_run, tmp_path):
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(UserError, match="line 2 is not JSON"):
         train.train(derive(tiny_cfg, ["trainer.max_steps=12", "trainer.resume=auto"]), run_dir)
+
+
+def test_a_sampler_state_of_other_settings_is_refused():
+    """The batches of the uninterrupted run replay only with the saved sampler settings."""
+    tokens = np.arange(100, dtype=np.uint16)
+    saved = {**Batcher(tokens, BatchShape(4, 8), seed=3).state_dict(), "step": 7}
+    check_sampler(saved, Batcher(tokens, BatchShape(4, 8), seed=3).state_dict(), Path("x.pt"))
+    for other, key in ((Batcher(tokens, BatchShape(4, 8), seed=9), "seed"),
+                       (Batcher(tokens[:50], BatchShape(4, 8), seed=3), "n_tokens")):
+        with pytest.raises(UserError, match=rf"differs from this run's in \['{key}'\]"):
+            check_sampler(saved, other.state_dict(), Path("x.pt"))
