@@ -22,8 +22,13 @@ from data.batching import Batch, Batcher, BatchShape, first_batches
 from data.config import DataConfig
 from data.padded import PaddedBatcher
 from data.prepare import PreparedData
-from data.recall import EVAL_TRAIN_STREAM, TRAIN_STREAM, RecallBatcher, RecallData
-from data.recall import validation_batches
+from data.recall import (
+    EVAL_TRAIN_STREAM,
+    TRAIN_STREAM,
+    RecallBatcher,
+    RecallData,
+    validation_batches,
+)
 
 GOLDEN = ROOT / "tests" / "golden" / "batches.json"
 PAD, EOT = 0, 1
@@ -60,9 +65,8 @@ def draw(sampler, steps: int) -> dict:
     return record([sampler.next() for _ in range(steps)], sampler.state_dict())
 
 
-def draw_ranks(make, world: int, steps: int) -> dict:
-    """`steps` batches of each rank's sampler make(rank), in rank order, and their states."""
-    samplers = [make(rank) for rank in range(world)]
+def draw_ranks(samplers: list, steps: int) -> dict:
+    """`steps` batches of each rank's sampler, in rank order, and their states."""
     batches = [s.next() for s in samplers for _ in range(steps)]
     return record(batches, [s.state_dict() for s in samplers])
 
@@ -77,8 +81,8 @@ def token_batchers() -> dict[str, dict]:
             for world in (w for w in (1, 2, 3, 4) if B % w == 0):
                 for seed in (0, 5):
                     cases[f"{packing} B{B} T{T} world{world} seed{seed}"] = draw_ranks(
-                        lambda rank: batcher(packing, tokens, docs,
-                                             BatchShape(B, T, rank, world), seed), world, 12)
+                        [batcher(packing, tokens, docs, BatchShape(B, T, rank, world), seed)
+                         for rank in range(world)], 12)
         tokens, docs = corpus(seed=1, n_docs=30)
         first = batcher(packing, tokens, docs, BatchShape(6, 8, 1, 2), 3)
         for _ in range(11):
@@ -113,7 +117,7 @@ def prepared_batches() -> dict[str, dict]:
             name = f"prepared {packing} world{world}"
             cases.update({f"{name} {split}": record([b for fixed, _ in made for b in fixed[split]])
                           for split in made[0][0]})
-            cases[f"{name} sampler"] = draw_ranks(lambda rank: made[rank][1], world, 12)
+            cases[f"{name} sampler"] = draw_ranks([m[1] for m in made], 12)
     return cases
 
 
@@ -130,8 +134,8 @@ def recall_batches() -> dict[str, dict]:
         for stream in (TRAIN_STREAM, EVAL_TRAIN_STREAM):
             for world in (1, 2, 4):
                 cases[f"recall {task} stream{stream} world{world}"] = draw_ranks(
-                    lambda rank: RecallBatcher(cfg, BatchShape(8, cfg.seq_len, rank, world),
-                                               stream), world, 4)
+                    [RecallBatcher(cfg, BatchShape(8, cfg.seq_len, rank, world), stream)
+                     for rank in range(world)], 4)
         cfg = recall_cfg(task=task, val_sequences=50, seed=2)
         for world in (1, 2):
             made = [RecallData(cfg).batches(BatchShape(16, cfg.seq_len, rank, world), n_eval=4,
@@ -139,7 +143,7 @@ def recall_batches() -> dict[str, dict]:
             name = f"recall data {task} world{world}"
             cases.update({f"{name} {split}": record([b for fixed, _ in made for b in fixed[split]])
                           for split in made[0][0]})
-            cases[f"{name} sampler"] = draw_ranks(lambda rank: made[rank][1], world, 3)
+            cases[f"{name} sampler"] = draw_ranks([m[1] for m in made], 3)
     cfg = recall_cfg(val_sequences=130, seq_len=40, copy_len=8)
     for world in (1, 2, 3, 4):
         shapes = [BatchShape(12, cfg.seq_len, rank, world) for rank in range(world)]

@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import make_config
+
 from model.errors import ConfigError
 from trainer.build import build
 from trainer.schema import OptimConfig
@@ -103,7 +103,8 @@ def test_a_bad_multiplier_is_refused_naming_the_key(bad):
         OptimConfig(qk_lr_mult=bad)
 
 
-@pytest.mark.parametrize("name,d_head,init", [("reparam", 32, 0.02), ("reparam_recall", 256, 0.125)])
+@pytest.mark.parametrize("name,d_head,init",
+                         [("reparam", 32, 0.02), ("reparam_recall", 256, 0.125)])
 def test_reparam_presets_sweep_sqrt_dks_exact_equivalent(name, d_head, init):
     """experiment=reparam's none arms: W_q, W_k's init and LR each at sqrt_dk's equivalent
     (x d_head^(-1/4)) or not; every swept value builds a valid config; the header's commands
