@@ -283,3 +283,32 @@ def test_no_test_helper_takes_more_than_six_parameters():
              if not function.startswith("test_") and function not in STAND_INS
              and (wide or path == CONFTEST)]
     assert found == []
+
+
+def run_readers(path: Path) -> list[tuple[str, set[str], bool]]:
+    """(function, the fields of its `Run` parameter it reads, whether it hands the run on) of
+    each function of `path` that takes a parameter annotated `Run`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for arg in node.args.args + node.args.kwonlyargs:
+            if getattr(arg.annotation, "id", None) != "Run":
+                continue
+            fields = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                      and getattr(n.value, "id", None) == arg.arg}
+            handed_on = any(getattr(a, "id", None) == arg.arg for n in ast.walk(node)
+                            if isinstance(n, ast.Call)
+                            for a in [*n.args, *(k.value for k in n.keywords)])
+            found.append((node.name, fields, handed_on))
+    return found
+
+
+def test_no_function_takes_the_run_to_read_fewer_than_three_of_its_fields():
+    """Pass a function the parts it uses: a function that takes the whole `Run` reads at least
+    three of its fields, or hands it on to one that does."""
+    readers = {f"{name}.{function}": (fields, handed_on) for name, path in modules().items()
+               for function, fields, handed_on in run_readers(path)}
+    assert len(readers) >= 10   # the check sees them: train.py's, checkpoint's, evaluate's ...
+    assert [f for f, (fields, handed_on) in readers.items()
+            if len(fields) < 3 and not handed_on] == []

@@ -60,20 +60,10 @@ def check_lengths(model_cfg: GPTConfig, data_cfg: DataConfig, lengths: list[int]
 
 
 def report_lengths(run: Run, out: RunDir, step: int) -> dict:
-    """Evaluate every length, log each record, print its line; summary.json's fields."""
-    records = evaluate_lengths(run, step)
-    for record in records:
-        out.log(record)
-        out.say(describe(record))
-    return {"length_eval": {str(r["length"]): {k: v for k, v in r.items()
-                                               if k not in ("kind", "step", "length")}
-                            for r in records}} if records else {}
-
-
-def evaluate_lengths(run: Run, step: int) -> list[dict]:
-    """One record per length (kind "length_eval"), on rank 0; [] on the other ranks."""
+    """On rank 0, evaluate every length, log its record (kind "length_eval") and print its line;
+    summary.json's fields ({} on the other ranks)."""
     if run.compute.rank != 0:
-        return []
+        return {}
     model, train_cfg, compute = run.state.model, run.config.train_cfg, run.compute
     lengths = sorted(set(train_cfg.eval_lengths))
     with eval_mode(model), fused_attention(model), torch.no_grad():
@@ -82,8 +72,10 @@ def evaluate_lengths(run: Run, step: int) -> list[dict]:
         else:
             cap = min(MAX_TARGETS, train_cfg.full_eval_tokens or MAX_TARGETS)
             results = text_lengths(model, run.data.val, lengths, compute.autocast, cap)
-    return [{"kind": "length_eval", "step": step, "length": n, **result}
-            for n, result in zip(lengths, results)]
+    for n, result in zip(lengths, results):
+        out.log({"kind": "length_eval", "step": step, "length": n, **result})
+        out.say(describe({"length": n, **result}))
+    return {"length_eval": {str(n): result for n, result in zip(lengths, results)}}
 
 
 def describe(record: dict) -> str:
