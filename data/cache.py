@@ -25,7 +25,7 @@ def shard_name(split: str, index: int) -> str:
 
 class ShardedTokens:
     """A split's shards as one read-only 1-D token array of memmaps (the processes of a DDP job
-    share the page cache): `len()` and `x[a:b]` -> np.ndarray, across shard boundaries."""
+    share the page cache): `len()`, `x[i]`, `x[a:b]` -> np.ndarray, across shard boundaries."""
 
     def __init__(self, paths: list[Path], sizes: list[int], dtype: str):
         self.dtype = np.dtype(dtype)
@@ -36,15 +36,18 @@ class ShardedTokens:
     def __len__(self) -> int:
         return int(self.bounds[-1])
 
-    def __getitem__(self, key: slice) -> np.ndarray:   # x[a:b], as every reader slices
-        start, stop, _ = key.indices(len(self))
+    def __getitem__(self, key):
+        if not isinstance(key, slice):   # also what iterating over it calls
+            i = range(len(self))[key]   # a negative index counts from the end; IndexError
+            return self[i:i + 1][0]
+        start, stop, step = key.indices(len(self))
         stop = max(start, stop)
         parts = [shard[max(start, lo) - lo:min(stop, hi) - lo]
                  for shard, lo, hi in zip(self.shards, self.bounds, self.bounds[1:])
                  if lo < stop and hi > start]
         if len(parts) == 1:   # a view, not a copy
-            return np.asarray(parts[0])
-        return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
+            return np.asarray(parts[0])[::step]
+        return (np.concatenate(parts) if parts else np.zeros(0, self.dtype))[::step]
 
 
 def open_split(folder: Path, split: str, meta: dict) -> tuple[ShardedTokens, np.ndarray]:

@@ -139,7 +139,10 @@ def test_sharded_tokens_slice_like_one_array(tmp_path):
         for b in range(a, len(TOKENS) + 2):
             got = tokens[a:b]
             assert isinstance(got, np.ndarray) and np.array_equal(got, TOKENS[a:b]), (a, b)
-    assert np.array_equal(tokens[-5:], TOKENS[-5:]) and np.array_equal(tokens[:], TOKENS)
+    assert [tokens[i] for i in range(-3, 3)] == TOKENS[list(range(-3, 3))].tolist()
+    assert np.array_equal(tokens[2:20:3], TOKENS[2:20:3]) and list(tokens) == TOKENS.tolist()
+    with pytest.raises(IndexError):
+        tokens[len(TOKENS)]
 
 
 @pytest.mark.parametrize("packing", ["concat", "pad"])
