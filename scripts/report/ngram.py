@@ -1,6 +1,5 @@
-"""Count-based reference levels: unigram, bigram and trigram cross-entropy of a validation split.
-
-A model that beats none of these has learnt nothing a table of counts knows. For order n,
+"""Count-based reference levels: unigram, bigram and trigram cross-entropy of a validation split;
+a model that beats none of these has learnt nothing a table of counts knows. For order n,
 P(c | ctx) = (count(ctx c) + k) / (count(ctx) + k V), add-k (Lidstone) smoothed, V the vocabulary
 size; k is chosen per order from K_GRID on the last HELD_OUT share of the *training* split
 (counted on the rest), the counts refitted on the whole training split, and the validation split
@@ -10,8 +9,6 @@ packed into one int64, ((t1 V + t2) V + ...) V + tn, counted chunk by chunk with
 merged into sorted arrays; at most `max_train_tokens` training tokens are counted. The result is
 cached as baselines.json in the corpus's token cache folder; `reference_levels` reads it.
 """
-
-from __future__ import annotations
 
 import json
 import time
@@ -48,34 +45,6 @@ class Settings:
 DEFAULT = Settings()
 
 
-class Counts:
-    """Sparse n-gram counts of one order: sorted packed keys and their counts."""
-
-    def __init__(self, n: int, V: int):
-        self.n, self.V = n, V
-        self.keys = np.zeros(0, np.int64)
-        self.counts = np.zeros(0, np.int64)
-        self._contexts = None  # contexts(), computed once per state of the table
-
-    def add(self, keys: np.ndarray) -> None:
-        """Merge the n-grams `keys` (packed) into the table."""
-        self.keys, self.counts = merge(self.keys, self.counts, *np.unique(keys, return_counts=True))
-        self._contexts = None
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """The counts of packed n-grams `keys` (0 for unseen ones)."""
-        return lookup(self.keys, self.counts, keys)
-
-    def contexts(self) -> tuple[np.ndarray, np.ndarray]:
-        """count(ctx): the number of n-grams that start with each context, as sorted arrays."""
-        if self._contexts is None:
-            ctx = self.keys // self.V if self.n > 1 else np.zeros_like(self.keys)  # sorted
-            first = np.flatnonzero(np.r_[True, ctx[1:] != ctx[:-1]]) if len(ctx) else ctx
-            sums = np.add.reduceat(self.counts, first) if len(ctx) else ctx
-            self._contexts = (ctx[first], sums)
-        return self._contexts
-
-
 def merge(keys, counts, new_keys, new_counts) -> tuple[np.ndarray, np.ndarray]:
     """Two sparse count tables (sorted unique keys, counts) as one."""
     if not len(keys):
@@ -101,42 +70,37 @@ def packed(stream: np.ndarray, n: int, V: int) -> np.ndarray:
     return key
 
 
-def windows(tokens, start: int, stop: int, eot: int, chunk: int):
-    """tokens[start:stop] in chunks, each preceded by the 2 tokens before it (EOT before the
-    stream's start): a chunk's n-grams are those ending inside it, for every order <= 3."""
-    for lo in range(start, stop, chunk):
-        hi = min(lo + chunk, stop)
+def windows(tokens, span: tuple[int, int], eot: int, chunk: int):
+    """tokens[start:stop] in chunks, each after the 2 tokens before it (EOT at the start)."""
+    for lo in range(span[0], span[1], chunk):
+        hi = min(lo + chunk, span[1])
         before = np.asarray(tokens[max(0, lo - 2):lo]).astype(np.int64)
         pad = np.full(2 - len(before), eot, np.int64)
         yield np.concatenate([pad, before, np.asarray(tokens[lo:hi]).astype(np.int64)])
 
 
-def count(tables: dict[int, Counts], tokens, start: int, stop: int, eot: int, chunk: int):
-    """Add the n-grams whose last token is in tokens[start:stop] to every table."""
-    for stream in windows(tokens, start, stop, eot, chunk):
+def count(tables: dict, V: int, tokens, span: tuple[int, int], eot: int, chunk: int) -> None:
+    """Adds the n-grams whose last token is in tokens[start:stop] to {n: (keys, counts)}."""
+    for stream in windows(tokens, span, eot, chunk):
         for n, table in tables.items():
-            table.add(packed(stream[3 - n:], n, table.V))
+            tables[n] = merge(*table, *np.unique(packed(stream[3 - n:], n, V),
+                                                 return_counts=True))
 
 
-def target_counts(table: Counts, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each target of a window (`windows`): count(ctx c) and count(ctx)."""
-    keys = packed(stream[3 - table.n:], table.n, table.V)
-    ctx_keys, ctx_counts = table.contexts()
-    ctx = keys // table.V if table.n > 1 else np.zeros_like(keys)
-    return table.lookup(keys), lookup(ctx_keys, ctx_counts, ctx)
+def contexts(keys: np.ndarray, counts: np.ndarray, n: int, V: int) -> tuple:
+    """count(ctx): the number of n-grams that start with each context, as sorted arrays."""
+    ctx = keys // V if n > 1 else np.zeros_like(keys)  # sorted, as the keys are
+    first = np.flatnonzero(np.r_[True, ctx[1:] != ctx[:-1]]) if len(ctx) else ctx
+    return (ctx[first], np.add.reduceat(counts, first)) if len(ctx) else (ctx, ctx)
 
 
-def held_out_histogram(tables: dict[int, Counts], tokens, start: int, stop: int, eot: int,
-                       chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per order, the targets tokens[start:stop] as a histogram of (count(ctx c), count(ctx))
-    pairs: the loss of every k of the grid is then a weighted sum over a few distinct pairs."""
-    base = stop + 1  # a pair (c, m), both <= stop, packed as c * base + m
-    hist = {n: (np.zeros(0, np.int64), np.zeros(0, np.int64)) for n in tables}
-    for stream in windows(tokens, start, stop, eot, chunk):
-        for n, table in tables.items():
-            c, m = target_counts(table, stream)
-            hist[n] = merge(*hist[n], *np.unique(c * base + m, return_counts=True))
-    return {n: (keys // base, keys % base, weights) for n, (keys, weights) in hist.items()}
+def scored(tables: dict, V: int, tokens, span: tuple[int, int], eot: int, chunk: int):
+    """Per chunk of tokens[start:stop], {n: each target's (count(ctx c), count(ctx))}."""
+    ctx = {n: contexts(*table, n, V) for n, table in tables.items()}
+    for stream in windows(tokens, span, eot, chunk):
+        keys = {n: packed(stream[3 - n:], n, V) for n in tables}
+        yield {n: (lookup(*tables[n], k), lookup(*ctx[n], k // V if n > 1 else np.zeros_like(k)))
+               for n, k in keys.items()}
 
 
 def add_k_loss(c: np.ndarray, m: np.ndarray, k: float, V: int, weights=None) -> float:
@@ -145,14 +109,19 @@ def add_k_loss(c: np.ndarray, m: np.ndarray, k: float, V: int, weights=None) -> 
     return float(nll.sum() if weights is None else (nll * weights).sum())
 
 
-def choose_k(c: np.ndarray, m: np.ndarray, weights: np.ndarray, V: int, grid) -> float:
-    """The k of `grid` with the lowest held-out loss (the smallest such k on a tie)."""
-    losses = [add_k_loss(c, m, k, V, weights) for k in grid]
-    return grid[int(np.argmin(losses))]
+def choose_ks(tables: dict, V: int, tokens, span: tuple[int, int], eot: int, chunk: int,
+              grid) -> dict:
+    """Per order, the k of `grid` best on the held-out tokens, by (c, m) histogram."""
+    base = span[1] + 1   # a pair (c, m), both <= stop, as c * base + m
+    hist = {n: (np.zeros(0, np.int64),) * 2 for n in tables}
+    for counts in scored(tables, V, tokens, span, eot, chunk):
+        for n, (c, m) in counts.items():
+            hist[n] = merge(*hist[n], *np.unique(c * base + m, return_counts=True))
+    return {n: grid[int(np.argmin([add_k_loss(keys // base, keys % base, k, V, weights)
+                                   for k in grid]))] for n, (keys, weights) in hist.items()}
 
 
 def compute(data: PreparedData, settings: Settings = DEFAULT, chunk: int = CHUNK) -> dict:
-    """The reference levels of `data` (module docstring): baselines.json's content."""
     V, eot, train, val = data.vocab_size, data.eot_id, data.train, data.val
     if V ** 3 >= 2 ** 63:
         raise DataError(f"A vocabulary of {V:,} ids is too large to pack a trigram into an "
@@ -164,15 +133,14 @@ def compute(data: PreparedData, settings: Settings = DEFAULT, chunk: int = CHUNK
                         f"one validation token; this corpus has {len(train)} training and "
                         f"{len(val)} validation tokens. Add text to data.train_files/val_files.")
     start = time.perf_counter()
-    tables = {n: Counts(n, V) for n in ORDERS}
-    count(tables, train, 0, cut, eot, chunk)
-    hist = held_out_histogram(tables, train, cut, counted, eot, chunk)
-    ks = {n: choose_k(*hist[n], V, settings.k_grid) for n in ORDERS}
-    count(tables, train, cut, counted, eot, chunk)  # now the counts of all `counted` tokens
+    tables = {n: (np.zeros(0, np.int64),) * 2 for n in ORDERS}
+    count(tables, V, train, (0, cut), eot, chunk)
+    ks = choose_ks(tables, V, train, (cut, counted), eot, chunk, settings.k_grid)
+    count(tables, V, train, (cut, counted), eot, chunk)  # now the counts of all `counted` tokens
     total = dict.fromkeys(ORDERS, 0.0)
-    for stream in windows(val, 0, len(val), eot, chunk):
-        for n, table in tables.items():
-            total[n] += add_k_loss(*target_counts(table, stream), ks[n], V)
+    for counts in scored(tables, V, val, (0, len(val)), eot, chunk):
+        for n, (c, m) in counts.items():
+            total[n] += add_k_loss(c, m, ks[n], V)
     nats = {ORDERS[n]: total[n] / len(val) for n in ORDERS}
     bpt = data.meta["bytes_per_token"]["val"]
     return {"nats_per_token": nats,
@@ -181,16 +149,13 @@ def compute(data: PreparedData, settings: Settings = DEFAULT, chunk: int = CHUNK
             "held_out_tokens": counted - cut, "train_tokens_counted": counted,
             "train_tokens": len(train), "capped": counted < len(train),
             "val_tokens": len(val), "vocab_size": V, "bytes_per_token": bpt,
-            "distinct": {ORDERS[n]: len(t.keys) for n, t in tables.items()},
+            "distinct": {ORDERS[n]: len(keys) for n, (keys, _) in tables.items()},
             "seconds": time.perf_counter() - start, "settings": asdict(settings)}
 
 
 def cached(data: PreparedData, settings: Settings | None = None, chunk: int = CHUNK
            ) -> tuple[dict, bool]:
-    """baselines.json of the token cache folder of `data`, and whether it was read from the
-    file. Computed (with `settings`, or the defaults) and written when it is missing, of
-    another format, or made with settings other than those asked for; settings=None takes
-    whatever settings the cached file was made with (e.g. a cap chosen on the command line)."""
+    """baselines.json and whether it was cached (made unless cached with `settings`)."""
     path = data.folder / FILE
     if path.is_file():
         result = json.loads(path.read_text())
@@ -215,18 +180,9 @@ def data_config(run_dir_or_data_cfg: str | Path | DataConfig) -> DataConfig:
 
 
 def reference_levels(run_dir_or_data_cfg: str | Path | DataConfig) -> dict[str, float]:
-    """{"unigram", "bigram", "trigram"}: nats per token of the validation split, for a run
-    folder or a data config; from the corpus's cached baselines.json, computed (and cached)
-    if missing, which prepares the token cache too if needed."""
+    """{"unigram", "bigram", "trigram"}: nats per token of the corpus's val split."""
     data = prepare(data_config(run_dir_or_data_cfg), progress=False)
     return dict(cached(data)[0]["nats_per_token"])
-
-
-def data_overrides(run_dir: Path) -> list[str]:
-    """The data overrides of a run folder (.hydra/overrides.yaml), for a command line."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    items = (yaml.safe_load(path.read_text()) or []) if path.is_file() else []
-    return [str(item) for item in items if str(item).lstrip("+").startswith("data")]
 
 
 NO_LEVELS_RECALL = ("no reference levels: data=recall generates its sequences (no corpus, no"
@@ -235,9 +191,7 @@ NO_LEVELS_RECALL = ("no reference levels: data=recall generates its sequences (n
 
 
 def levels_of_runs(run_dirs: list[Path]) -> tuple[dict[str, float] | None, str]:
-    """The reference levels shared by the runs, or None and why not (no data config, several
-    data configs, generated data (data=recall), or the cache could not be made: then the
-    command that makes it)."""
+    """The reference levels shared by the runs, or None and why not."""
     configs = {}
     for run_dir in run_dirs:
         if (run_dir / ".hydra" / "config.yaml").is_file():
@@ -253,13 +207,15 @@ def levels_of_runs(run_dirs: list[Path]) -> tuple[dict[str, float] | None, str]:
         return None, NO_LEVELS_RECALL
     try:
         return reference_levels(cfg), ""
-    except (UserError, OSError) as e:
-        command = " ".join(["python scripts/baselines.py", *data_overrides(run_dir)])
+    except (UserError, OSError) as e:   # the command that makes them, with the run's data overrides
+        path = run_dir / ".hydra" / "overrides.yaml"
+        items = map(str, (yaml.safe_load(path.read_text()) or []) if path.is_file() else [])
+        command = " ".join(["python scripts/baselines.py",
+                            *(item for item in items if item.lstrip("+").startswith("data"))])
         return None, f"no reference levels ({e}); `{command}` computes them"
 
 
 def levels_line(levels: dict[str, float]) -> str:
-    """The sentence results.md prints above each table."""
     listed = ", ".join(f"{name} {value:.4f}" for name, value in levels.items())
     return (f"Reference levels (nats/token on the whole validation split; add-k n-gram counts"
             f" of the training split, `python scripts/baselines.py`): {listed}.")
