@@ -17,7 +17,7 @@ figures; what a study varies comes from its runs' keys and the options, never fr
 
 - DIR/results.md     the tables of scripts/report/tables.py (also printed), the figures drawn
 - DIR/runs.csv       one row per run (scripts/report/runs_csv.py), and DIR/curves.jsonl, the
-                     records the step curves draw (scripts/report/curves.py); written when
+                     records the step curves draw (scripts/report/runs_csv.py); written when
                      sweep folders were read
 - DIR/*.png          the figures of docs/report.md ("The figures and what they promise"),
                      each kept to the contract of scripts/report/style.py
@@ -42,17 +42,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 from model.errors import UserError  # noqa: E402
 from scripts.report import ngram  # noqa: E402
 from scripts.report import stats as st  # noqa: E402
-from scripts.report.curves import CURVES_FILE, write_curves  # noqa: E402
 from scripts.report.figures import (  # noqa: E402
     Frame,
     plot_accuracy,
     plot_diagnostics,
     plot_heads,
     plot_losses,
+    plot_lr,
     plot_qk_grads,
+    plot_stability,
     plot_vs_baseline,
 )
-from scripts.report.lr_figure import plot_lr, plot_stability  # noqa: E402
+from scripts.report.length import (  # noqa: E402
+    length_arms,
+    length_sections,
+    plot_lookup,
+    plot_text,
+)
 from scripts.report.runs import (  # noqa: E402
     LR_KEY,
     canonical,
@@ -63,11 +69,16 @@ from scripts.report.runs import (  # noqa: E402
     value_order,
     varying_keys,
 )
-from scripts.report.runs_csv import has_curves, read_runs_csv, write_runs_csv  # noqa: E402
-from scripts.report.style import Arms  # noqa: E402
+from scripts.report.runs_csv import (  # noqa: E402
+    CURVES_FILE,
+    has_curves,
+    read_runs_csv,
+    write_curves,
+    write_runs_csv,
+)
+from scripts.report.style import Arms, palette  # noqa: E402
 from scripts.report.tables import Reading, appendix, markdown_report  # noqa: E402
-from scripts.report.width import WIDTH_KEY  # noqa: E402
-from scripts.report.width_figure import plot_width  # noqa: E402
+from scripts.report.width import WIDTH_KEY, plot_width  # noqa: E402
 
 
 def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
@@ -344,8 +355,9 @@ def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], l
     curves, seeds, notes = (chosen_curves(lr_runs, reading) if lr_runs
                             else (group_runs(runs), f"; {seeds_of(runs)}", []))
     keys = group_runs(runs, drop=(LR_KEY,))
-    frame = Frame(Arms.of(keys), Arms.of(keys).looks(keys), seeds, reading.levels,
-                  args.baseline)
+    arms = Arms.of(keys)   # one palette for the arms of every figure, the length ones' too
+    looks = palette([*map(arms.name, keys), *map(length_arms(arms).name, keys)])
+    frame = Frame(arms, looks, seeds, reading.levels, args.baseline)
     if not all(map(has_curves, runs)):
         notes.append(f"step-curve figures need every run's records (its folder, or the"
                      f" {CURVES_FILE} beside its runs.csv): not drawn")
@@ -354,6 +366,9 @@ def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], l
                ("qk_grad_norms.png", plot_qk_grads)] if curves and all(map(has_curves, runs)) \
         else []
     drawn = [name for name, plot in figures if save(plot(frame, curves), args.out / name)]
+    drawn += [name for name, plot in (("length_lookup.png", plot_lookup),
+                                      ("length_text.png", plot_text))
+              if save(plot(frame, runs), args.out / name)]
     if lr_runs:
         drawn += ["lr_transfer.png"] * save(plot_lr(frame, lr_runs, reading.which),
                                             args.out / "lr_transfer.png")
@@ -372,6 +387,7 @@ def write_report(args, runs: list, analysed: tuple, inputs: tuple) -> None:
     """results.md (also printed), and runs.csv and curves.jsonl where sweep folders were read."""
     (groups, lr_runs, reading), (read, skipped, notes, figures) = analysed, inputs
     text = (markdown_report(read, runs, groups, lr_runs, reading)
+            + length_sections(runs, reading.baseline)
             + appendix(runs, reading, skipped, notes, figures))
     if reading.levels:
         text = ngram.above_every_table(text, ngram.levels_line(reading.levels))

@@ -1,17 +1,29 @@
-"""The step-curve figures (a quantity against step, a panel per setting, a line per arm) and
-the per-head figure of one run, each kept to scripts/report/style.py's contract."""
+"""The figures of a report but width_transfer.png (width.py) and the length ones (length.py):
+the step curves (a quantity against step, a panel per setting, a line per arm), the per-head
+figure of one run, and an LR sweep's lr_transfer.png (each arm's clipped final loss against LR)
+and lr_stability.png (logit growth as Wortsman et al. 2023 read it)."""
 
-from __future__ import annotations
-
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Optional
 
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullFormatter
 
 from model.config import SATURATION_THRESHOLD, SCALES, ScalingConfig
+from scripts.report import stats as st
 from scripts.report import style
-from scripts.report.runs import SOLVED_ACCURACY, eval_series, label, record_series
+from scripts.report.runs import (
+    LR_KEY,
+    SOLVED_ACCURACY,
+    RunRecord,
+    eval_series,
+    group_runs,
+    label,
+    record_series,
+)
 from scripts.report.tables import DIAGNOSTICS
 
 POSITIVE = (0.0, math.inf)
@@ -21,8 +33,7 @@ LOG_FIELDS = {"attn_max_logit", "attn_raw_max_logit", "attn_raw_var"}
 
 @dataclass(frozen=True)
 class Frame:
-    """What every figure of a report shares: its arms and their looks, what the step curves'
-    run set is (`seeds`), the reference levels, the baseline."""
+    """What a report's figures share: arms and looks, the step curves' seeds, levels, baseline."""
 
     arms: style.Arms
     looks: dict
@@ -32,10 +43,9 @@ class Frame:
 
 
 def arm_label(frame: Frame, key: tuple, runs: list) -> str:
-    """An arm's legend entry: its name and, where its runs share one LR, that LR."""
     lrs = {r.lr for r in runs}
-    one = len(lrs) == 1 and math.isfinite(next(iter(lrs)))
-    return frame.arms.name(key) + (f", lr {next(iter(lrs)):g}" if one else "")
+    one = len(lrs) == 1 and math.isfinite(lr := min(lrs))
+    return frame.arms.name(key) + (f", lr {lr:g}" if one else "")
 
 
 def panel_grid(frame: Frame, groups: dict, rows: int = 0, height: float = 2.6):
@@ -49,9 +59,7 @@ def panel_grid(frame: Frame, groups: dict, rows: int = 0, height: float = 2.6):
 
 
 def draw_panel(ax, frame: Frame, members: dict, row: tuple) -> tuple[list, set]:
-    """One panel: a mean line (and band) per arm of `members` (the groups at its setting).
-    row: (series of a run, bounds, log y). Returns each line's n and the arms with a 0 that
-    a log axis leaves out."""
+    """A mean line (and band) per arm; each line's n, arms with a 0 left out."""
     series_of, bounds, log = row
     ns, zeros = [], set()
     for key, runs in members.items():
@@ -92,15 +100,18 @@ def panel_title(setting: tuple) -> str:
     return label(setting, "all runs", short=True)
 
 
+def chance(groups) -> Optional[float]:
+    """The chance accuracy 1/N that every run of the groups shares, else None."""
+    found = {r.chance_accuracy for g in groups.values() for r in g}
+    return found.pop() if len(found) == 1 else None
+
+
 def chance_loss(groups) -> dict[str, float]:
-    """{"chance ln N =": ln N}, a uniform guess's loss, where every run is a recall run of
-    chance accuracy 1/N; {} otherwise."""
+    """{"chance ln N =": ln N}, a guess's loss, where every run is a recall run of chance 1/N."""
     runs = [r for g in groups.values() for r in g]
-    chance = {r.chance_accuracy for r in runs}
-    if not runs or not all(r.recall for r in runs) or len(chance) != 1 or None in chance:
+    if not runs or not all(r.recall for r in runs) or chance(groups) is None:
         return {}
-    n = 1.0 / chance.pop()
-    return {f"chance ln {n:g} =": math.log(n)}
+    return {f"chance ln {1 / chance(groups):g} =": math.log(1 / chance(groups))}
 
 
 def plot_losses(frame: Frame, groups: dict):
@@ -116,28 +127,22 @@ def plot_losses(frame: Frame, groups: dict):
 
 
 def plot_accuracy(frame: Frame, groups: dict):
-    groups = {k: [r for r in g if r.recall] for k, g in groups.items()}
-    groups = {k: g for k, g in groups.items() if g}
+    groups = {k: g for k, g in ((k, [r for r in g if r.recall]) for k, g in groups.items()) if g}
     if not groups:
         return None
-    lines = {"solved": SOLVED_ACCURACY}
-    chance = {r.chance_accuracy for g in groups.values() for r in g}
-    if len(chance) == 1 and None not in chance:
-        lines["chance"] = chance.pop()
+    lines = {"solved": SOLVED_ACCURACY, **({"chance": chance(groups)} if chance(groups) else {})}
     return step_curves(frame, groups, lambda r: eval_series(r, "val_accuracy", None),
                        ("val accuracy", SHARE, lines, False),
                        "Validation accuracy on the fixed sampled batches")
 
 
 def plot_vs_baseline(frame: Frame, groups: dict):
-    """Each arm's sampled val loss minus the baseline arm's at the same setting, seed, step."""
     base = {(frame.arms.setting(k), r.seed): r for k, g in groups.items()
             if frame.arms.name(k) == frame.baseline for r in g}
     pairs = {id(r): base.get((frame.arms.setting(k), r.seed)) for k, g in groups.items()
              for r in g}
-    others = {k: [r for r in g if pairs[id(r)]] for k, g in groups.items()
-              if frame.arms.name(k) != frame.baseline}
-    others = {k: g for k, g in others.items() if g}
+    others = {k: g for k, g in ((k, [r for r in g if pairs[id(r)]]) for k, g in groups.items()
+                                if frame.arms.name(k) != frame.baseline) if g}
     top = max((v for g in groups.values() for r in g
                for v in eval_series(r, "val_loss", None)[1] if math.isfinite(v)), default=0.0)
 
@@ -152,43 +157,45 @@ def plot_vs_baseline(frame: Frame, groups: dict):
         f" than {frame.baseline})") if others else None
 
 
-def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str):
-    """A row per statistic (y label, series of a run, bounds, log y), a column per setting;
-    a log row leaves out values of 0, and the title says whose."""
+def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str,
+              x: tuple = ("step", False, None)):
+    """A row per statistic (y label, series of a run, bounds, log y[, reference levels]), a
+    column per setting. x: (label, log x, extra(ax, row, groups) drawn in each panel)."""
     fig, axes, settings = panel_grid(frame, groups, rows=len(rows), height=2.1)
-    ns, zeros = [], {}
-    for i, (ylabel, *row) in enumerate(rows):
-        for j, setting in enumerate(settings):
-            n, zero = draw_panel(axes[i][j], frame, at(frame, groups, setting), tuple(row))
-            ns += n
-            for arm in zero:
-                zeros.setdefault(arm, set()).add(ylabel.split("\n")[0])
-            axes[i][j].set_title(panel_title(setting) if i == 0 else "", fontsize=9)
-            axes[i][j].set_ylabel(ylabel if j == 0 else "", fontsize=8)
-            axes[i][j].set_xlabel("step" if i == len(rows) - 1 else "")
+    ns, zeros, (xlabel, xlog, extra) = [], {}, x
+    for (i, (ylabel, *row)), (j, setting) in itertools.product(enumerate(rows),
+                                                               enumerate(settings)):
+        ax, members = axes[i][j], at(frame, groups, setting)
+        n, zero = draw_panel(ax, frame, members, tuple(row[:3]))
+        ns += n
+        for arm in zero:
+            zeros.setdefault(arm, set()).add(ylabel.split("\n")[0])
+        style.reference_lines(ax, row[3] if row[3:] else {})
+        if extra:
+            extra(ax, i, members)
+        ax.set_title(panel_title(setting) if i == 0 else "", fontsize=9)
+        ax.set_ylabel(ylabel if j == 0 else "", fontsize=8)
+        ax.set(xlabel=xlabel if i == len(rows) - 1 else "", xscale="log" if xlog else "linear")
     left = "; ".join(f"{arm}: 0 in {', '.join(sorted(r))}" for arm, r in zeros.items())
-    return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}; log rows:"
-                        " geometric mean" + (f"\nleft out of the log rows, values of 0 (a log"
-                                             f" axis cannot show them): {left}" if left else ""))
+    return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}"
+                        + ("; log rows: geometric mean" if any(r[3] for r in rows) else "")
+                        + (f"\nleft out of the log rows, values of 0 (a log axis cannot show"
+                           f" them): {left}" if left else ""))
 
 
 def plot_diagnostics(frame: Frame, groups: dict):
     bounds = {"attn_entropy": (0.0, entropy_ceiling(groups)), "attn_saturated": SHARE}
     rows = [(f"{heading}\n({how} over layers)",
-             lambda r, n=name, h=how: eval_series(r, n, max if h == "max" else mean),
+             lambda r, n=name, h=how: eval_series(r, n, max if h == "max"
+                                                  else lambda v: sum(v) / len(v)),
              bounds.get(name, POSITIVE), name in LOG_FIELDS)
             for name, heading, how in DIAGNOSTICS]
     return stat_grid(frame, groups, rows, "Attention on the fixed validation batch")
 
 
-def mean(values: list) -> float:
-    return sum(values) / len(values)
-
-
 def entropy_ceiling(groups) -> float:
-    """ln(block_size), the most an entropy over the keys of a query can be."""
-    blocks = [float(b) for g in groups.values() for r in g
-              if (b := r.setting("model.block_size"))]
+    """ln(block_size), the largest entropy over a query's keys."""
+    blocks = [float(b) for g in groups.values() for r in g if (b := r.setting("model.block_size"))]
     return math.log(max(blocks)) if blocks else math.inf
 
 
@@ -196,14 +203,10 @@ NOT_A_NUMBER = ("learned", "qk_norm", "uniform")   # a scale per head, norms fir
 
 
 def fixed_scale(run) -> Optional[float]:
-    """The run's score scale s where it is fixed (not learned, qk_norm, uniform), else None."""
-    d_head = run.setting("model.d_head")
-    if d_head is None:
-        d_model, n_head = run.setting("model.d_model"), run.setting("model.n_head")
-        if d_model is None or n_head is None:
-            return None
-        d_head = int(d_model) // int(n_head)
-    if run.variant not in SCALES or run.variant in NOT_A_NUMBER:
+    """The run's score scale s where it is a fixed number, else None."""
+    d_model, n_head = run.setting("model.d_model"), run.setting("model.n_head")
+    d_head = run.setting("model.d_head") or (d_model and n_head and int(d_model) // int(n_head))
+    if d_head is None or run.variant not in SCALES or run.variant in NOT_A_NUMBER:
         return None
     scaling = ScalingConfig(run.variant, divisor=float(run.setting("scaling.divisor") or 8.0),
                             attn_mult=float(run.setting("scaling.attn_mult") or 1.0))
@@ -211,10 +214,8 @@ def fixed_scale(run) -> Optional[float]:
 
 
 def per_logit(run, name: str) -> tuple[list, list]:
-    """A q or k gradient norm / the fixed scale s: dL/dW_q = s sum dL/dz k x^T for logits
-    z = s q.k, so the quotient is the gradient per unit of logit."""
-    scale = fixed_scale(run)
-    if scale is None:
+    """A q or k gradient norm / s: dL/dW_q = s sum dL/dz k x^T for logits z = s q.k."""
+    if (scale := fixed_scale(run)) is None:
         return [], []
     steps, values = record_series(run, name)
     return steps, [v / scale for v in values]
@@ -248,40 +249,33 @@ def head_series(run, key: str, layer: int, head: int) -> tuple[list, list]:
     return [s for s, _ in points], [v for _, v in points]
 
 
-def shows(values: list, log: bool) -> bool:
-    """Whether a value is finite and not 0 (above 0 on a log axis)."""
-    return any(math.isfinite(v) and (v > 0 if log else v != 0) for v in values)
-
-
 def plot_heads(run, name: str):
-    """One run's statistics per head: a row per statistic (none for one 0 or missing at every
-    head: the title names it), a panel per layer, a line per head; None without attn_heads."""
+    """One run's statistics per head, a panel per layer; None without attn_heads."""
     last = next((e["attn_heads"] for e in reversed(run.evals) if "attn_heads" in e), None)
     if last is None:
         return None
     n_layer, n_head = len(last["entropy"]), len(last["entropy"][0])
-    rows = [row for row in HEAD_ROWS if row[0] in last and shows(
-        [v for l in range(n_layer) for h in range(n_head)
-         for v in head_series(run, row[0], l, h)[1]], row[2])]
+    rows = [row for row in HEAD_ROWS if row[0] in last and any(
+        math.isfinite(v) and (v > 0 if row[2] else v != 0) for layer in range(n_layer)
+        for h in range(n_head) for v in head_series(run, row[0], layer, h)[1])]
     dropped = [r[1].split("\n")[0] for r in HEAD_ROWS if r[0] in last and r not in rows]
     block = run.setting("model.block_size")
     fig, axes = plt.subplots(len(rows), n_layer, squeeze=False, sharex=True,
                              figsize=(max(3.0 * n_layer + 1.0, 7.0), 2.0 * len(rows) + 1.6),
                              layout="constrained")
-    for i, row in enumerate(rows):
-        for layer in range(n_layer):
-            head_panel(axes[i][layer], run, row, (layer, n_head), int(block) if block else None)
-            axes[i][layer].set_title(f"layer {layer}" if i == 0 else "", fontsize=10)
-            axes[i][layer].set_ylabel(row[1] if layer == 0 else "", fontsize=9)
-    for ax in axes[-1]:
-        ax.set_xlabel("step")
+    for (i, row), layer in itertools.product(enumerate(rows), range(n_layer)):
+        head_panel(axes[i][layer], run, row, (layer, n_head), int(block) if block else None)
+        axes[i][layer].set_title(f"layer {layer}" if i == 0 else "", fontsize=10)
+        axes[i][layer].set(ylabel=row[1] if layer == 0 else "",
+                           xlabel="step" if i == len(rows) - 1 else "")
+        axes[i][layer].yaxis.label.set_fontsize(9)
     left = f"\n0 or missing at every head, not drawn: {', '.join(dropped)}" if dropped else ""
     return style.finish(fig, f"Attention per head on the fixed validation batch, one run: {name}"
                         f" (n = 1, no intervals){left}")
 
 
 def head_panel(ax, run, row: tuple, where: tuple[int, int], T: Optional[int]) -> None:
-    """A layer's panel: a line per head, uniform attention's entropy and the floor 1/T."""
+    """A layer's panel: a line per head, uniform attention's entropy, the floor 1/T."""
     (key, _, log), (layer, n_head) = row, where
     values = [v for h in range(n_head) for v in head_series(run, key, layer, h)[1]
               if math.isfinite(v) and v > 0]
@@ -290,10 +284,8 @@ def head_panel(ax, run, row: tuple, where: tuple[int, int], T: Optional[int]) ->
         steps, values = head_series(run, key, layer, head)
         values = [v if not log or v > 0 else math.nan for v in values]
         ax.plot(steps, values, color=f"C{head % 10}", lw=1.3, label=f"head {head}")
-    if key == "entropy" and T:
-        style.reference_lines(ax, {"uniform attention": sum(map(math.log, range(1, T + 1))) / T})
-    if key == "saturated" and T:
-        style.reference_lines(ax, {"floor 1/T": 1 / T})
+    style.reference_lines(ax, {"entropy": {"uniform attention": sum(map(math.log, range(
+        1, T + 1))) / T}, "saturated": {"floor 1/T": 1 / T}}.get(key, {}) if T else {})
     ax.set_yscale("log" if log else "linear")
     if not log:
         ax.ticklabel_format(axis="y", useOffset=False)
@@ -303,11 +295,130 @@ def head_panel(ax, run, row: tuple, where: tuple[int, int], T: Optional[int]) ->
 
 
 def hold_flat(ax, agree: float = 1e-4) -> None:
-    """A panel whose lines agree to `agree` but not exactly (a constant read from curves.jsonl's
-    rounded digits) gets an exactly constant line's range, so the rounding shows no steps."""
+    """Lines that agree to `agree` (curves.jsonl's rounding) drawn as a flat line."""
     values = [v for line in ax.lines if line.get_transform() == ax.transData
               for v in line.get_ydata() if math.isfinite(v)]
     lo, hi = (min(values), max(values)) if values else (0.0, 0.0)
     centre = (lo + hi) / 2
     if 0 < hi - lo <= agree * abs(centre):
         ax.set_ylim(centre - 0.055 * abs(centre), centre + 0.055 * abs(centre))
+
+
+def lr_ticks(ax, lrs: list[float], most: int = 8) -> None:
+    """The LRs tried as upright x ticks (every k-th where more than `most` would crowd)."""
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    every = math.ceil(len(lrs) / most)
+    ax.set_xticks(lrs, [f"{lr:g}" if i % every == 0 else "" for i, lr in enumerate(lrs)],
+                  fontsize=8, rotation=90)
+
+
+def init_cap(runs) -> float:
+    return max((r.loss_at_init for r in runs if r.loss_at_init is not None), default=math.inf)
+
+
+def lr_curve(ax, frame: Frame, key: tuple, runs: list, reading: tuple) -> list[int]:
+    """One arm's mean clipped loss against LR, a cross where a run failed."""
+    which, levels = reading
+    table = st.lr_table(runs, which)
+    lrs = [lr for lr in table if st.mean_interval(list(table[lr].values()))]
+    ivs = [st.mean_interval(list(table[lr].values())) for lr in lrs]
+    look = frame.looks[frame.arms.name(key)]
+    ax.errorbar(lrs, [iv.mean for iv in ivs], yerr=style.bars(ivs, (0.0, init_cap(runs))),
+                label=frame.arms.name(key), capsize=2, **style.line_style(look))
+    bad = [i for i, lr in enumerate(lrs)
+           if any(st.failure(r, which, levels) is not None for r in runs if r.lr == lr)]
+    ax.plot([lrs[i] for i in bad], [ivs[i].mean for i in bad], "x", ms=9, color=look[0])
+    return [iv.n for iv in ivs]
+
+
+def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
+    """lr_transfer.png; None where every arm ran one LR (no curve to read)."""
+    arms = group_runs(lr_runs, drop=(LR_KEY,))
+    if all(len({r.lr for r in g}) < 2 for g in arms.values()):
+        return None
+    fig, axes, settings = panel_grid(frame, arms, height=3.2)
+    ns = []
+    for ax, setting in zip(axes.flat, settings):
+        for key, runs in at(frame, arms, setting).items():
+            ns += lr_curve(ax, frame, key, runs, (which, frame.levels))
+        style.reference_lines(ax, frame.levels or {})
+        lr_ticks(ax, sorted({r.lr for g in at(frame, arms, setting).values() for r in g}))
+        ax.set(title=panel_title(setting), xlabel="learning rate",
+               ylabel=f"{st.loss_name(which, lr_runs)}\n(clipped at the loss at init)")
+        ax.title.set_fontsize(9)
+        ax.yaxis.label.set_fontsize(9)
+        ax.grid(alpha=0.3)
+    return style.finish(fig, "Final loss against learning rate, every seed of the sweep (the"
+                        f" seeds that choose each LR); {style.seeds_text(ns, 'point')} (bars cut"
+                        " at 0 and the loss at init); x: a run failed")
+
+
+def lowest_seed(runs: list[RunRecord], lr: float) -> tuple[float, RunRecord]:
+    return lr, min((r for r in runs if r.lr == lr), key=lambda r: (len(str(r.seed)), str(r.seed)))
+
+
+def edge_runs(runs: list[RunRecord], which: str, levels: Optional[dict]) -> list:
+    """(LR, lowest seed's run) at the highest stable and first failing LR (best and top)."""
+    failed = [r for r in runs if st.failure(r, which, levels) is not None]
+    if not failed:
+        best, top = st.best_lr(st.lr_table(runs, which)), max(r.lr for r in runs)
+        return [lowest_seed(runs, lr) for lr in
+                ([best["lr"]] if best and best["lr"] != top else []) + [top]]
+    safe = st.survives_up_to(runs, which, levels)
+    return ([] if safe is None else [lowest_seed(runs, safe)]) + [
+        lowest_seed(failed, min(r.lr for r in failed))]
+
+
+def head_extreme(run: RunRecord, key: str, reduce) -> tuple[list, list]:
+    """(steps, reduce over every layer and head of attn_heads[key]), finite values only."""
+    steps, values = [], []
+    for e in run.evals:
+        finite = [v for layer in e.get("attn_heads", {}).get(key) or [] for v in layer
+                  if v is not None and math.isfinite(v)]
+        if finite:
+            steps.append(e["step"])
+            values.append(reduce(finite))
+    return steps, values
+
+
+ROWS = (("max_logit", max, "max attention logit\n(every layer and head)", True),
+        ("entropy_norm", min, "entropy / ln(keys),\nmost one-hot head", False))
+EDGES = ("-", "--")   # the stable (or best) LR's run, the failing (or top) LR's
+
+
+def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
+    """lr_stability.png; None when no run has per-head statistics or no arm ran two LRs."""
+    arms = group_runs(lr_runs, drop=(LR_KEY,))
+    if not any("attn_heads" in e for r in lr_runs for e in r.evals) or all(
+            len({r.lr for r in g}) < 2 for g in arms.values()):
+        return None
+    fig, axes = plt.subplots(2, len(arms), squeeze=False, sharex="col", layout="constrained",
+                             figsize=(max(2.4 * len(arms), 7.0), 6.0))
+    for j, (key, runs) in enumerate(arms.items()):
+        picks = edge_runs(runs, which, frame.levels)
+        look = frame.looks[frame.arms.name(key)]
+        for i, (stat, reduce, ylabel, log) in enumerate(ROWS):
+            ax = axes[i][j]
+            for (_, run), dashes in zip(picks, EDGES):
+                steps, values = head_extreme(run, stat, reduce)
+                values = [v if v > 0 or not log else math.nan for v in values]
+                ax.plot(steps, values, **{**style.line_style(look), "ls": dashes,
+                                          "markevery": max(1, len(steps) // 5)})
+            ax.set(yscale="log" if log else "linear", xlabel="step" if i else "")
+            ax.set_ylim(*((None, None) if log else (0.0, 1.05)))
+            ax.set_ylabel(ylabel if j == 0 else "", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[0][j].set_title(f"{frame.arms.name(key)}\nlr " + " / ".join(
+            f"{lr:g}" for lr, _ in picks), fontsize=8)
+    return finish_stability(fig, frame, list(arms))
+
+
+def finish_stability(fig, frame: Frame, keys: list[tuple]):
+    handles = [Line2D([], [], label=frame.arms.name(k), **style.line_style(
+        frame.looks[frame.arms.name(k)])) for k in keys]
+    handles += [Line2D([], [], color="0.3", ls=d, label=text) for d, text in zip(EDGES, (
+        "highest stable LR (no failure: best LR)", "first failing LR (no failure: grid's top)"))]
+    return style.finish(fig, "Attention at high learning rates, each arm at two LRs (column"
+                        " titles): the lowest seed at the LR, at the failing LR its lowest seed"
+                        " that failed; one run per line, n = 1, no intervals", handles)

@@ -1,9 +1,5 @@
-"""The figure contract of docs/report.md, written once: what an arm is and its colour and
-marker, when a band is drawn and how far, what a title says of the seeds, and how a figure is
-finished (no empty panel, one legend outside the panels, a title that fits).
-"""
-
-from __future__ import annotations
+"""The figure contract of docs/report.md, written once: an arm's colour and marker, when a band
+is drawn and how far, what a title says of the seeds, how a figure is finished."""
 
 import math
 import textwrap
@@ -16,8 +12,8 @@ from model.config import SCALINGS
 from scripts.report import stats as st
 from scripts.report.runs import VARIANT_KEY, setting_order
 
-# Colour, marker and dash pattern: one per scale of SCALINGS, in its order; an arm that adds a
-# switch to a scale (a bound on the scores, say) takes the next of EXTRA, in the order of its name.
+# Colour, marker and dashes: one per scale of SCALINGS, in its order; other arms (a scale with a
+# switch, say) take the next of EXTRA in the order of their names.
 LOOKS = (("C0", "o", "-"), ("C1", "s", "--"), ("C2", "^", "-."), ("C3", "D", ":"),
          ("C4", "v", (0, (6, 2))), ("C5", "P", (0, (3, 1, 1, 1))), ("C7", "x", (0, (1, 1))),
          ("C6", "*", "-"), ("C9", "h", "--"), ("C8", "X", "-."), ("#8c564b", "d", ":"),
@@ -29,7 +25,6 @@ LEVEL_STYLES = ((0, (1, 2)), (0, (4, 2)), (0, (2, 1, 1, 1)))
 
 
 def palette(arms) -> dict[str, tuple]:
-    """arm name -> (colour, marker, dashes): a scale's own; the other arms EXTRA in order."""
     others = sorted({a for a in arms if a not in SCALES})
     looks = {a: SCALES[a] for a in arms if a in SCALES}
     looks.update({a: EXTRA[i % len(EXTRA)] for i, a in enumerate(others)})
@@ -71,8 +66,7 @@ def line_style(look: tuple) -> dict:
 
 
 def aggregate(series: list[tuple[list, list]], log: bool = False):
-    """Seeds' (steps, values) -> (steps, mean, band low, band high), the band NaN below
-    MIN_BAND_N seeds; None without a value. log: the geometric mean, a band of the mean log."""
+    """Seeds' (x, values) -> (x, mean, band); band NaN below MIN_BAND_N; log: geometric."""
     steps = sorted({s for xs, _ in series for s in xs})
     index = {s: i for i, s in enumerate(steps)}
     grid = np.full((len(series), len(steps)), np.nan)   # (runs, steps)
@@ -94,16 +88,14 @@ def aggregate(series: list[tuple[list, list]], log: bool = False):
 def draw_mean(ax, agg, look: tuple, text: str, bounds=(-math.inf, math.inf)) -> None:
     """A mean line and, where it has one, its band cut to the quantity's range `bounds`."""
     steps, mean, lo, hi = agg
-    s = line_style(look)
-    ax.plot(steps, mean, label=text, markevery=max(1, len(steps) // 6), **s)
+    ax.plot(steps, mean, label=text, markevery=max(1, len(steps) // 6), **line_style(look))
     if np.isfinite(lo).any():
-        ax.fill_between(steps, np.clip(lo, *bounds), np.clip(hi, *bounds), color=s["color"],
+        ax.fill_between(steps, np.clip(lo, *bounds), np.clip(hi, *bounds), color=look[0],
                         alpha=0.18, lw=0)
 
 
 def bars(ivs, bounds=(0.0, math.inf)):
-    """errorbar's yerr: 95% intervals of MIN_BAND_N seeds or more, cut to `bounds`; None
-    where no point has one."""
+    """errorbar's yerr: 95% intervals of MIN_BAND_N seeds or more, cut to `bounds`; or None."""
     half = [iv.half if iv.half is not None and iv.n >= MIN_BAND_N else 0.0 for iv in ivs]
     if not any(half):
         return None
@@ -112,9 +104,8 @@ def bars(ivs, bounds=(0.0, math.inf)):
 
 
 def seeds_text(ns, what: str = "line") -> str:
-    """The n each line rests on, and whether it has an interval."""
     ns = sorted(set(ns))
-    span = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    span = f"{ns[0]}" + (f"-{ns[-1]}" if len(ns) > 1 else "")
     if ns[-1] < MIN_BAND_N:
         return f"n = {span} seed{'s' if ns[-1] > 1 else ''} per {what}, no intervals"
     small = f" (n = {ns[0]}: no intervals)" if ns[0] < MIN_BAND_N else ""
@@ -122,29 +113,24 @@ def seeds_text(ns, what: str = "line") -> str:
 
 
 def reference_lines(ax, levels: dict, colour: str = "0.35") -> None:
-    """Reference levels as dotted lines named in the legend (not written over the panel)."""
     for (name, value), dashes in zip(levels.items(), LEVEL_STYLES * 3):
         ax.axhline(value, color=colour, lw=0.9, ls=dashes, label=f"{name} {value:.2f}",
                    zorder=1)
 
 
 def has_data(ax) -> bool:
-    for line in ax.lines:
-        if line.get_transform() == ax.transData and np.isfinite(
-                np.asarray(line.get_ydata(), float)).any():
-            return True
-    return bool(ax.collections)
+    return any(line.get_transform() == ax.transData and np.isfinite(
+        np.asarray(line.get_ydata(), float)).any() for line in ax.lines) or bool(ax.collections)
 
 
 def finish(fig, title: str, handles: tuple = ()):
-    """Drops the panels without data, puts one legend (each label, or `handles`) below the
-    panels, writes the title; returns the figure."""
+    """Drops empty panels, puts one legend below them, writes the title."""
     for ax in [ax for ax in fig.axes if not has_data(ax)]:
         fig.delaxes(ax)
     entries = {h.get_label(): h for h in handles}
-    for ax in fig.axes if not handles else ():
-        for handle, text in zip(*ax.get_legend_handles_labels()):
-            entries.setdefault(text, handle)
+    for handle, text in ((h, t) for ax in (fig.axes if not handles else ())
+                         for h, t in zip(*ax.get_legend_handles_labels())):
+        entries.setdefault(text, handle)
     if entries:
         widest = max(len(t) for t in entries) * 0.075 + 0.7   # inches an entry takes
         fig.legend(list(entries.values()), list(entries), loc="outside lower center",
@@ -155,7 +141,7 @@ def finish(fig, title: str, handles: tuple = ()):
 
 
 def suptitle(fig, text: str, fontsize: float = 10) -> None:
-    """The title, wrapped at whole words to the figure's width (narrower while it overflows)."""
+    """The title, wrapped at whole words to fit the figure's width."""
     width = max(40, int(fig.get_figwidth() * 72 / (0.55 * fontsize)))
     renderer = fig.canvas.get_renderer()
     while True:

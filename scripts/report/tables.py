@@ -1,10 +1,5 @@
-"""The Markdown tables of results.md, built from runs and scripts/report/stats.py: means over
-seeds with 95% t intervals over the runs that did not fail, and paired differences as Holm
-families (docs/report.md says how to read each table). `levels`: the n-gram reference levels
-in nats per token, or None.
-"""
-
-from __future__ import annotations
+"""The Markdown tables of results.md (docs/report.md says how to read each). `levels`: the
+n-gram reference levels in nats per token, or None."""
 
 import math
 from dataclasses import dataclass
@@ -16,10 +11,8 @@ from scripts.report.runs import (
     LR_KEY,
     SOLVED_ACCURACY,
     VARIANT_KEY,
-    RunRecord,
     group_runs,
     label,
-    setting_of,
     varying_keys,
 )
 from scripts.report.width import WIDTH_KEY, width_section
@@ -31,107 +24,76 @@ DIAGNOSTICS = (  # eval-record field, column heading, how layers are combined
     ("attn_raw_max_logit", "max q.k, raw", "max"),
     ("attn_raw_var", "Var(q.k)/d_head, raw", "mean"),
 )
+RATIO_LIMIT = 2.0   # losses more than this many times apart are compared by their logs
+ONE_LR = "one LR: not defined"
 
 
-def cell(iv: Optional[st.Interval], digits: Optional[int] = 4) -> str:
-    """"mean ± half" with `digits` decimals; digits None: 4 significant digits of the mean
-    (attention statistics span 1e-3 to 1e4)."""
+def cell(iv: Optional[st.Interval], digits: Optional[int] = 4, n: bool = False) -> str:
+    """"mean ± half" with `digits` decimals (None: 4 significant digits), n: and " (n=...)"."""
     if iv is None:
         return "n/a"
-    if digits is None:
-        digits = significant_decimals(iv.mean)
+    if digits is None:   # attention statistics span 1e-3 to 1e4
+        x = abs(iv.mean)
+        digits = 3 if x == 0 or not math.isfinite(x) else max(0, 3 - math.floor(math.log10(x)))
     if iv.half is None:
         return f"{iv.mean:.{digits}f} (n=1)"
-    return f"{iv.mean:.{digits}f} ± {iv.half:.{digits}f}"
+    return f"{iv.mean:.{digits}f} ± {iv.half:.{digits}f}" + (f" (n={iv.n})" if n else "")
 
 
-def significant_decimals(x: float, figures: int = 4) -> int:
-    if x == 0 or not math.isfinite(x):
-        return figures - 1
-    return max(0, figures - 1 - math.floor(math.log10(abs(x))))
-
-
-def cell_n(iv: Optional[st.Interval], digits: int = 4) -> str:
-    """cell() with n appended (a single value already says n=1)."""
-    return cell(iv, digits) + (f" (n={iv.n})" if iv is not None and iv.half is not None else "")
-
-
-def loss_cell(ok: list[RunRecord], which: str) -> str:
+def loss_cell(ok: list, which: str) -> str:
     """Interval of the final loss over the runs that did not fail, or why there is none."""
     values = [st.final_loss(r, which) for r in ok]
-    missing = sum(v is None for v in values)
-    if missing:
+    if missing := sum(v is None for v in values):
         running = sum(r.partial for r in ok)
         return (f"missing: {missing} of {len(ok)} runs lack {st.LOSSES[which][0]}"
                 + (f" ({running} still running)" if running else ""))
     iv = st.mean_interval(values)
-    return "n/a (all failed)" if iv is None else cell_n(iv)
+    return "n/a (all failed)" if iv is None else cell(iv, n=True)
 
 
-def results_table(groups: dict[tuple, list[RunRecord]], which: str, levels: Optional[dict],
-                  recall: bool = False) -> list[str]:
-    name = st.LOSSES[which][1]
-    extra = which != "sampled"
+def results_table(groups: dict, which: str, levels: Optional[dict], recall: bool) -> list[str]:
+    name, extra = st.LOSSES[which][1], which != "sampled"
     head = f"| group | runs | {name} |" + (" sampled final val loss |" if extra else "")
     lines = [head + " best sampled val loss | failed | still running | tokens/s | steps |",
              "|---|---:|---:|" + ("---:|" if extra else "") + "---:|---:|---:|---:|---:|"]
     for key, runs in groups.items():
         ok = [r for r in runs if st.failure(r, which, levels) is None]
-        rates = [r.tokens_per_sec for r in runs]
+        steps = sorted({int(r.summary_value("steps") if r.summary_value("steps") is not None
+                            else r.evals[-1].get("step", 0)) for r in runs})
         lines.append(
             f"| {label(key)} | {len(runs)} | {loss_cell(ok, which)} |"
             + (f" {loss_cell(ok, 'sampled')} |" if extra else "")
             + f" {cell(st.mean_interval([r.best_val_loss for r in ok]))}"
             f" | {len(runs) - len(ok)} | {sum(r.partial for r in runs)}"
-            f" | {cell(st.mean_interval(rates), 0)} | {steps_cell(runs)} |")
-    return lines + ["", failed_rule(which, levels, recall)]
-
-
-def failed_rule(which: str, levels: Optional[dict], recall: bool = False) -> str:
-    """The sentence under a table that says what `failed` means (recall: generated data)."""
+            f" | {cell(st.mean_interval([r.tokens_per_sec for r in runs]), 0)}"
+            f" | {steps[0]}{f'-{steps[-1]}' if len(steps) > 1 else ''} |")
     field = st.LOSSES[which][0]
-    if levels:
-        rule = (f"`{field}` is above the unigram reference level"
-                f" ({levels['unigram']:.4f} nats/token) or above its own step-0 loss")
-    elif recall:
-        rule = (f"`{field}` is above its own step-0 loss (data=recall generates its"
-                " sequences: there is no corpus and no n-gram reference level, so the unigram"
-                " rule does not apply)")
-    else:
-        rule = (f"`{field}` is above its own step-0 loss (no reference levels were given,"
-                " so the unigram rule is not applied)")
-    return ("`failed`: runs whose loss is non-finite (diverged), or whose " + rule + "."
-            " Means and intervals are over the runs that did not fail.")
+    rule = (f"above the unigram reference level ({levels['unigram']:.4f} nats/token) or above"
+            " its own step-0 loss" if levels else "above its own step-0 loss" + (
+                " (data=recall generates its sequences: there is no corpus and no n-gram"
+                " reference level, so the unigram rule does not apply)" if recall else
+                " (no reference levels were given, so the unigram rule is not applied)"))
+    return lines + ["", f"`failed`: runs whose loss is non-finite (diverged), or whose `{field}`"
+                    f" is {rule}. Means and intervals are over the runs that did not fail."]
 
 
-def failed_runs(runs: list[RunRecord], which: str, levels: Optional[dict]) -> list[str]:
-    """One line per failed run: its folder and why."""
-    why = [(r, st.failure(r, which, levels)) for r in runs]
-    return [f"- {r.path}: {reason}" for r, reason in why if reason] or ["- none"]
-
-
-def recall_table(groups: dict[tuple, list[RunRecord]], which: str) -> list[str]:
-    """Per group of data=recall runs: steps to SOLVED_ACCURACY over the runs that got there,
-    the finished runs that never did, final accuracy and loss over every finished run."""
+def recall_table(groups: dict, which: str) -> list[str]:
+    """Per recall group: steps to SOLVED_ACCURACY, never solved, final accuracy, loss."""
     threshold = f"{SOLVED_ACCURACY:g}"
-    name = st.LOSSES[which][1]
     lines = [f"| group | runs | steps to {threshold} val accuracy | not solved | final val"
-             f" accuracy | {name} |", "|---|---:|---:|---:|---:|---:|"]
+             f" accuracy | {st.LOSSES[which][1]} |", "|---|---:|---:|---:|---:|---:|"]
     for key, runs in groups.items():
         runs = [r for r in runs if r.recall]
-        if not runs:
-            continue
         done = [r for r in runs if not r.partial]
         steps = [r.steps_to_90 for r in runs if r.steps_to_90 is not None]
-        unsolved = sum(r.steps_to_90 is None for r in done)
         waiting = sum(r.steps_to_90 is None for r in runs if r.partial)
-        accuracy = [r.summary_value("final_val_accuracy") for r in done]
-        losses = [st.final_loss(r, which) for r in done]
-        lines.append(
+        lines += [
             f"| {label(key)} | {len(runs)}"
-            f" | {cell_n(st.mean_interval(steps), 0) if steps else 'none got there'}"
-            f" | {unsolved}" + (f" (+{waiting} still running below it)" if waiting else "")
-            + f" | {recall_cell(accuracy)} | {recall_cell(losses)} |")
+            f" | {cell(st.mean_interval(steps), 0, n=True) if steps else 'none got there'}"
+            f" | {sum(r.steps_to_90 is None for r in done)}"
+            + (f" (+{waiting} still running below it)" if waiting else "")
+            + f" | {recall_cell([r.summary_value('final_val_accuracy') for r in done])}"
+            f" | {recall_cell([st.final_loss(r, which) for r in done])} |"] if runs else []
     return lines + ["", f"`steps to {threshold} val accuracy`: the first evaluation at which"
                     f" `val_accuracy` (the sampled validation batches) is at least {threshold}"
                     " (runs.csv's `steps_to_90`), mean over the runs that got there (their n);"
@@ -142,32 +104,22 @@ def recall_table(groups: dict[tuple, list[RunRecord]], which: str) -> list[str]:
 
 
 def recall_cell(values: list[Optional[float]]) -> str:
-    """Interval of a recall table's column, saying how many runs lack a finite value."""
     iv = st.mean_interval(values)
     lacking = sum(v is None or not math.isfinite(v) for v in values)
-    text = cell_n(iv) if iv is not None else "n/a"
-    return text + (f" ({lacking} without a finite value)" if lacking and iv is not None else "")
-
-
-def steps_cell(runs: list[RunRecord]) -> str:
-    """The horizon: the steps the runs ran (summary.json), or reached so far (last eval)."""
-    steps = sorted({int(r.summary_value("steps") if r.summary_value("steps") is not None
-                        else r.evals[-1].get("step", 0)) for r in runs})
-    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+    if iv is None:
+        return "n/a"
+    return cell(iv, n=True) + (f" ({lacking} without a finite value)" if lacking else "")
 
 
 class Against(tuple):
-    """A reference setting of --against, ((key, value), ...): a group is paired with the group
-    that has these values and the group's own value of every other key."""
+    """An --against setting ((key, value), ...): the reference at these values."""
 
 
 def reference(key: tuple, control: tuple) -> Optional[tuple]:
-    """The group a group is paired with: under a control ((key, value), ...), the group with the
-    one key it differs in set back (None if it differs in two); under an Against, the group
-    with every named key at its value."""
+    """The group a group is paired with: the one key it differs in from a control set back
+    (None if two), or an Against's named keys at their values."""
     if isinstance(control, Against):
-        named = dict(control)
-        return tuple((k, named.get(k, v)) for k, v in key)
+        return tuple((k, dict(control).get(k, v)) for k, v in key)
     differ = [(name, value) for name, value in control
               if dict(key).get(name, value) != value]   # a key the sweep lacks: no differ
     if len(differ) != 1:
@@ -177,35 +129,28 @@ def reference(key: tuple, control: tuple) -> Optional[tuple]:
 
 
 def paired_rows(values: dict[tuple, dict], control: tuple, log: bool = False) -> list[tuple]:
-    """(setting, variant, comparison) of each group ({seed: number} in values) minus its
-    reference group, paired by seed, one Holm family; log: of the log values."""
-    rows, pairs = [], []
-    for key, seeds in values.items():
-        other = reference(key, control)
-        if other is not None and other != key and other in values:
-            rows.append((setting_of(key), key[0][1]))
-            pairs.append((seeds, values[other]))
-    return [(*row, c) for row, c in zip(rows, st.family(pairs, log))]
+    """(setting, variant, comparison) of each group against its reference, one family."""
+    rows = [(key, reference(key, control)) for key in values]
+    rows = [(key, other) for key, other in rows if other not in (None, key) and other in values]
+    tests = st.family([(values[key], values[other]) for key, other in rows], log)
+    return [(key[1:], key[0][1], c) for (key, _), c in zip(rows, tests)]
 
 
 def ref_text(control: tuple) -> str:
-    """The control as the tables name it: the baseline scale by its name, a key by key=value."""
     return ", ".join(value if name == VARIANT_KEY else label([(name, value)])
                      for name, value in control)
 
 
-def pairing_text(control: tuple) -> str:
+def against_text(control: tuple, sentence: bool = False) -> str:
+    """What a group is paired with, as a column calls it (sentence: as the intro says it)."""
     if isinstance(control, Against):
         return (" and the group's own value of every other key (the reference: every group"
-                " whose other keys equal a reference group's is paired with it)")
-    return "" if len(control) == 1 else (" (the control: a group is paired with it where it"
-                                         " differs from it in one of these keys)")
-
-
-def against_text(control: tuple) -> str:
-    if isinstance(control, Against):
-        return "reference"
-    return ref_text(control) if len(control) == 1 else "control"
+                " whose other keys equal a reference group's is paired with it)") if sentence \
+            else "reference"
+    if len(control) == 1:
+        return "" if sentence else ref_text(control)
+    return (" (the control: a group is paired with it where it differs from it in one of these"
+            " keys)") if sentence else "control"
 
 
 def family_line(rows: list, test: str) -> str:
@@ -218,18 +163,9 @@ def family_line(rows: list, test: str) -> str:
                " counted" if same else "") + f". Resolved: Holm p < {st.ALPHA:g}.")
 
 
-RATIO_LIMIT = 2.0   # losses more than this many times apart are compared by their logs
-
-
-def far_apart(c: st.Comparison) -> bool:
-    return c.diff is not None and abs(c.diff.mean) > math.log(RATIO_LIMIT)
-
-
 def paired_table(values: dict[tuple, dict], control: tuple, what: str,
                  loss: bool = False) -> list[str]:
-    """The paired differences against `control`, one Holm family; loss: also the paired test
-    of log loss, whose verdict is the one read where the losses are more than RATIO_LIMIT
-    times apart (log_table)."""
+    """The paired differences against `control`, one Holm family (loss: on log loss too)."""
     rows = paired_rows(values, control)
     if not rows:
         return [f"No paired comparison: no `{ref_text(control)}` runs at the settings of the"
@@ -240,7 +176,7 @@ def paired_table(values: dict[tuple, dict], control: tuple, what: str,
              " | reading |", "|---|---|---:|---:|---:|---:|---|"]
     for (setting, variant, c), (_, _, lc) in zip(rows, logs):
         reading = st.verdict(c, f"lower than {against}", f"higher than {against}")
-        if lc is not None and far_apart(lc):
+        if lc is not None and lc.diff is not None and abs(lc.diff.mean) > math.log(RATIO_LIMIT):
             reading = (st.verdict(lc, f"lower than {against}", f"higher than {against}")
                        + f" (log loss test: more than {RATIO_LIMIT:g}x apart)")
         lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
@@ -250,8 +186,6 @@ def paired_table(values: dict[tuple, dict], control: tuple, what: str,
 
 
 def log_table(rows: list, against: str) -> list[str]:
-    """The same pairs on log loss: the ratio group / reference (exp of the mean log ratio)
-    with its 95% interval, and the paired t-test of log(group) - log(reference)."""
     lines = ["", f"The same pairs on log loss: the ratio group / {against} (exp of the mean"
              " per-seed log ratio, 95% t interval) and the paired t-test of the log losses."
              f" A row whose ratio is above {RATIO_LIMIT:g} or below 1/{RATIO_LIMIT:g} reads this"
@@ -259,67 +193,58 @@ def log_table(rows: list, against: str) -> list[str]:
              f"| setting | variant | pairs | ratio group / {against} | p (paired t, log) |"
              " Holm p | reading |", "|---|---|---:|---:|---:|---:|---|"]
     for setting, variant, c in rows:
-        ratio = "n/a" if c.diff is None else (
-            f"{math.exp(c.diff.mean):.4g}" + ("" if c.diff.half is None else
-                                             f" ({math.exp(c.diff.lo):.4g} to"
-                                             f" {math.exp(c.diff.hi):.4g})"))
         lines.append(f"| {label(setting, 'all')} | {variant} | {c.diff.n if c.diff else 0}"
-                     f" | {ratio} | {st.p_text(c.p)} | {st.p_text(c.p_holm)}"
+                     f" | {ratio_text(c)} | {st.p_text(c.p)} | {st.p_text(c.p_holm)}"
                      f" | {st.verdict(c, f'lower than {against}', f'higher than {against}')} |")
     return lines + ["", family_line(rows, " of log loss")]
 
 
+def ratio_text(c: st.Comparison) -> str:
+    """exp of a mean log ratio with its 95% interval."""
+    if c.diff is None:
+        return "n/a"
+    lo, hi = (f"{math.exp(x):.4g}" for x in (c.diff.lo, c.diff.hi))
+    return f"{math.exp(c.diff.mean):.4g}" + ("" if c.diff.half is None else f" ({lo} to {hi})")
+
+
 def layer_value(record: dict, name: str, how: str) -> Optional[float]:
-    values = [float(v) for v in record.get(name) or [] if v is not None]
-    values = [v for v in values if math.isfinite(v)]
-    if not values:
-        return None
-    return max(values) if how == "max" else sum(values) / len(values)
+    values = [float(v) for v in record.get(name) or [] if v is not None and math.isfinite(v)]
+    return (max(values) if how == "max" else sum(values) / len(values)) if values else None
 
 
-def diagnostics_table(groups: dict[tuple, list[RunRecord]], pick: int, title: str) -> list[str]:
-    """Attention statistics at one evaluation of each run (0: first, -1: last)."""
+def diagnostics_table(groups: dict, pick: int, title: str) -> list[str]:
     names = [heading for _, heading, _ in DIAGNOSTICS]
-    lines = [f"### {title}", "",
-             "| group | runs | step | " + " | ".join(names) + " |",
+    lines = [f"### {title}", "", "| group | runs | step | " + " | ".join(names) + " |",
              "|---|---:|---:|" + "---:|" * len(names)]
     for key, runs in groups.items():
         records = [r.evals[pick] for r in runs]
         steps = sorted({str(e.get("step")) for e in records})
         cells = []
         for name, _, how in DIAGNOSTICS:
-            values = [layer_value(e, name, how) for e in records]
-            cells.append(cell(st.mean_interval([v for v in values if v is not None]), None)
-                         if any(v is not None for v in values) else "not recorded")
+            values = [v for e in records if (v := layer_value(e, name, how)) is not None]
+            cells.append(cell(st.mean_interval(values), None) if values else "not recorded")
         lines.append(f"| {label(key)} | {len(runs)} | {'/'.join(steps)} | "
                      + " | ".join(cells) + " |")
     return lines
 
 
-ONE_LR = "one LR: not defined"
-
-
-def lr_section(runs: list[RunRecord], which: str, controls: tuple, levels: Optional[dict],
-               plan: st.Plan) -> list[str]:
-    """Best LR, loss at it on held-out seeds, LR sensitivity per variant and setting, and the
-    paired differences of the last two against each of `controls`, a Holm family each."""
+def lr_section(runs: list, reading: "Reading") -> list[str]:
+    """Per group: best LR, its held-out loss, LR sensitivity; paired per control."""
+    which, levels, plan = reading.which, reading.levels, reading.plan or st.Plan()
     variants = group_runs(runs, drop=(LR_KEY,))
     summaries = {key: st.lr_table(vruns, which) for key, vruns in variants.items()}
     chosen = st.held_out(runs, which, plan)
-    # sensitivity = mean over the grid - minimum over the grid, so both are shown: a low best
-    # loss alone raises the sensitivity
     lines = [selection_caption(plan, runs), "",
              "| group | LRs | best LR | LRs not resolved from it | loss at the chosen LR,"
              " held-out seeds | LR it was read at | mean loss over the grid | LR sensitivity"
              " | failed |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     lines += [lr_row(key, table, chosen[key], variants[key], (which, levels))
               for key, table in summaries.items()]
-    best_loss = {key: held["loss"] for key, held in chosen.items()}
-    # a one-LR group's sensitivity is 0 by construction: it is compared with nothing
     sens_seed = {key: st.sensitivity_by_seed(table) for key, table in summaries.items()
                  if len(table) > 1}
-    for control in controls:
-        lines += lr_comparisons(best_loss, sens_seed, control)
+    for control in reading.controls:
+        lines += lr_comparisons({key: held["loss"] for key, held in chosen.items()}, sens_seed,
+                                control)
     lines += ["", "Mean clipped final loss per learning rate (a diverged run counts as its loss"
               " at init; `failed` = runs that failed), and the largest LR each group survives:",
               ""]
@@ -327,78 +252,64 @@ def lr_section(runs: list[RunRecord], which: str, controls: tuple, levels: Optio
 
 
 def lr_row(key: tuple, table: dict, held: dict, runs: list, reading: tuple) -> str:
-    """A group's row of the LR table. reading: (which loss, levels)."""
     (which, levels), best = reading, held["best"]
     failed = sum(st.failure(r, which, levels) is not None for r in runs)
-    grid = st.mean_interval(list(st.grid_mean_by_seed(table).values()))
-    sens = st.mean_interval(list(st.sensitivity_by_seed(table).values()))
-    sens_text = cell_n(sens) if len(table) > 1 else ONE_LR
+    grid = cell(st.mean_interval(list(st.grid_mean_by_seed(table).values())), n=True)
+    sens = cell(st.mean_interval(list(st.sensitivity_by_seed(table).values())), n=True) \
+        if len(table) > 1 else ONE_LR
     if best is None:
         return (f"| {label(key)} | {len(table)} | n/a: no selection run has a"
                 f" {st.LOSSES[which][0]} and a loss at init | | | |"
-                f" {cell_n(grid)} | {sens_text} | {failed} |")
-    tied = ", ".join(f"{lr:g}" for lr in best["tied"]) or "none"
-    read = st.mean_interval(list(held["loss"].values()))
+                f" {grid} | {sens} | {failed} |")
+    chosen = ", ".join(lr_text(lr, held["grid"]) for lr in sorted(set(held["chosen"].values())))
     return (f"| {label(key)} | {len(table)} | {lr_text(best['lr'], held['grid'])}"
-            f" | {tied} | {cell_n(read)} | {chosen_text(held)} | {cell_n(grid)}"
-            f" | {sens_text} | {failed} |")
+            f" | {', '.join(f'{lr:g}' for lr in best['tied']) or 'none'}"
+            f" | {cell(st.mean_interval(list(held['loss'].values())), n=True)}"
+            f" | {chosen or 'n/a'} | {grid} | {sens} | {failed} |")
 
 
 def lr_comparisons(best_loss: dict, sens_seed: dict, control: tuple) -> list[str]:
-    """The loss at each group's chosen LR and its LR sensitivity (the groups with more than
-    one LR), paired by seed against `control` (paired_rows)."""
     name = ref_text(control)
     lines = ["", f"Loss at each variant's own chosen LR on the held-out seeds, paired by seed"
              f" against `{name}` at the same setting:", ""]
     lines += paired_table(best_loss, control, "loss at chosen LR", loss=True)
     if any(all(dict(key).get(k, v) == v for k, v in control) for key in sens_seed):
-        lines += ["", f"LR sensitivity, paired by seed against `{name}` (the groups with"
-                  " more than one LR):", ""]
-        lines += paired_table(sens_seed, control, "LR sensitivity")
-    elif sens_seed:
-        lines += ["", f"LR sensitivity: not compared. `{name}` ran one LR in this sweep,"
-                  " where the sensitivity is 0 by construction (`one LR` above); the groups with"
-                  " more than one LR have theirs in the table above."]
-    else:
-        lines += ["", "LR sensitivity: not compared. Every group ran one LR in this sweep, where"
-                  " the sensitivity is 0 by construction (`one LR` above)."]
-    return lines
+        return lines + ["", f"LR sensitivity, paired by seed against `{name}` (the groups with"
+                        " more than one LR):", ""] + paired_table(sens_seed, control,
+                                                                    "LR sensitivity")
+    return lines + ["", (f"LR sensitivity: not compared. `{name}` ran one LR in this sweep,"
+                         " where the sensitivity is 0 by construction (`one LR` above); the"
+                         " groups with more than one LR have theirs in the table above."
+                         if sens_seed else "LR sensitivity: not compared. Every group ran one"
+                         " LR in this sweep, where the sensitivity is 0 by construction (`one"
+                         " LR` above).")]
 
 
 def seeds_text(seeds) -> str:
     return ", ".join(sorted(seeds, key=lambda s: (len(str(s)), str(s))))
 
 
-def selection_caption(plan: st.Plan, runs: list[RunRecord]) -> str:
-    """Which seeds chose the LR and which seeds its loss is read on."""
+def selection_caption(plan: st.Plan, runs: list) -> str:
     report = {r.seed for r in runs if plan.reports(r.seed)}
     if plan.leave_one_out:
         return ("Best LR: chosen on all seeds. Loss at the chosen LR: each seed's loss at the LR"
                 " that is best on the other seeds (leave one seed out), so that no seed's"
                 " loss chose its own LR; `LR it was read at` lists those LRs.")
-    if plan.select_runs is not None:
-        select = {r.seed for r in plan.select_runs if plan.selects(r.seed)}
-        overlap = set(select) & set(report)
-        return (f"Best LR: chosen on the runs of `{plan.select_name}` (seeds"
-                f" {seeds_text(select)}); loss at it: this sweep's seeds {seeds_text(report)}."
-                + (f" Seeds {seeds_text(overlap)} are on both sides: their runs share data"
-                   " order and initialisation with the runs that chose the LR." if overlap
-                   else ""))
-    select = {r.seed for r in runs if plan.selects(r.seed)}
-    return (f"Best LR: chosen on seeds {seeds_text(select)}; loss at it: seeds"
-            f" {seeds_text(report)}.")
+    if plan.select_runs is None:
+        select = {r.seed for r in runs if plan.selects(r.seed)}
+        return (f"Best LR: chosen on seeds {seeds_text(select)}; loss at it: seeds"
+                f" {seeds_text(report)}.")
+    select = {r.seed for r in plan.select_runs if plan.selects(r.seed)}
+    return (f"Best LR: chosen on the runs of `{plan.select_name}` (seeds {seeds_text(select)});"
+            f" loss at it: this sweep's seeds {seeds_text(report)}."
+            + (f" Seeds {seeds_text(select & report)} are on both sides: their runs share data"
+               " order and initialisation with the runs that chose the LR."
+               if select & report else ""))
 
 
 def lr_text(lr: float, grid: list[float]) -> str:
-    """An LR, flagged when it is the smallest or largest of its grid: the optimum may lie
-    beyond the grid, and the loss at it is then an upper bound of the best loss."""
-    edge = len(grid) > 1 and lr in (grid[0], grid[-1])
-    return f"{lr:g}" + (" (grid edge)" if edge else "")
-
-
-def chosen_text(held: dict) -> str:
-    lrs = sorted(set(held["chosen"].values()))
-    return ", ".join(lr_text(lr, held["grid"]) for lr in lrs) or "n/a"
+    """An LR, flagged at its grid's edge: the optimum may lie beyond it."""
+    return f"{lr:g}" + (" (grid edge)" if len(grid) > 1 and lr in (grid[0], grid[-1]) else "")
 
 
 def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str]:
@@ -413,8 +324,8 @@ def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str
                          for r in variants[key] if r.lr == lr)
             cells.append(cell(iv) + (f" ({failed} failed)" if failed else "") if iv else "")
         safe = st.survives_up_to(variants[key], which, levels)
-        top = max(table)
-        cells.append("none" if safe is None else f"{safe:g}" + (" (all)" if safe == top else ""))
+        cells.append("none" if safe is None else f"{safe:g}"
+                     + (" (all)" if safe == max(table) else ""))
         lines.append(f"| {label(key)} | " + " | ".join(cells) + " |")
     return lines + ["", "`survives up to`: the largest LR at and below which no run of the group"
                     " failed; `(all)`: no run failed up to the largest LR it ran."]
@@ -422,8 +333,7 @@ def lr_grid(variants, summaries, which: str, levels: Optional[dict]) -> list[str
 
 @dataclass(frozen=True)
 class Reading:
-    """How a report reads its runs: the loss (st.LOSSES), what differences are paired against
-    (the baseline scale, --pair, --one-control, --against), the levels, the LR plan."""
+    """How a report reads its runs: loss, paired-table controls, levels, LR plan."""
 
     which: str
     baseline: str
@@ -435,36 +345,25 @@ class Reading:
 
     @property
     def controls(self) -> tuple:
-        """What each table of paired differences is against, a Holm family each: the baseline
-        scale, then each --pair (key, value), or with one_control all of them as one control;
-        then each --against setting."""
+        """The baseline scale and each --pair (or all as one control), each --against."""
         refs = ((VARIANT_KEY, self.baseline), *self.pairs)
         controls = (refs,) if self.one_control else tuple((ref,) for ref in refs)
         return controls + tuple(Against(a) for a in self.against)
 
 
-def subset_note(runs: list[RunRecord]) -> str:
-    """What part of the validation split the whole-split loss covers, where it is a subset."""
-    parts = [f"{n:,} of the split's {m:,} targets" for n, m in st.subset_counts(runs)]
-    if not parts:
-        return ""
-    return (" The whole-split loss covers an even fixed subset of the validation split"
-            f" (trainer.full_eval_tokens): {'; '.join(parts)}.")
-
-
-def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
-                    reading: Reading) -> str:
-    """results.md's analyses: results (and recall accuracy), paired differences against each
-    of reading.controls, attention statistics, the LR analysis when the runs vary optim.lr
-    (lr_runs). `read` says what was read; `appendix` adds the rest."""
+def markdown_report(read: str, runs, groups, lr_runs: Optional[list], reading: Reading) -> str:
+    """results.md's tables; `read` says what was read; `appendix` adds the rest."""
     which, levels = reading.which, reading.levels
     field, name = st.LOSSES[which]
+    subset = "; ".join(f"{n:,} of the split's {m:,} targets" for n, m in st.subset_counts(runs))
     lines = ["# Sweep results", "", read, "",
              f"Loss: {name} (`{field}` in summary.json), over the runs of a group that did not"
              " fail. Every number is the mean over seeds ± the half-width of its 95%"
              " Student-t interval, with n the number of seeds; `(n=1)` has no interval."
              " Sampled losses come from the fixed evaluation batches."
-             + (subset_note(runs) if which == "full" else ""), ""]
+             + (" The whole-split loss covers an even fixed subset of the validation split"
+                f" (trainer.full_eval_tokens): {subset}." if which == "full" and subset else ""),
+             ""]
     recall = any(r.recall for r in runs)
     lines += results_table(groups, which, levels, recall)
     if recall:
@@ -472,7 +371,7 @@ def markdown_report(read: str, runs, groups, lr_runs: Optional[list[RunRecord]],
     lines += paired_sections(groups, reading) + attention_section(groups)
     if lr_runs:
         lines += ["", "## Learning rate", "", LR_INTRO.format(name=name), ""]
-        lines += lr_section(lr_runs, which, reading.controls, levels, reading.plan or st.Plan())
+        lines += lr_section(lr_runs, reading)
         if WIDTH_KEY in varying_keys(lr_runs):
             lines += [""] + width_section(lr_runs, which)
     return "\n".join(lines) + "\n"
@@ -488,7 +387,6 @@ LR_INTRO = ("Per variant and setting, over the LR grid: the best LR (lowest mean
 
 
 def paired_sections(groups: dict, reading: Reading) -> list[str]:
-    """A section of paired differences per control of reading.controls."""
     which, name = reading.which, st.LOSSES[reading.which][1]
     values = {key: st.by_seed([r for r in g if st.failure(r, which, reading.levels) is None],
                               lambda r: st.final_loss(r, which)) for key, g in groups.items()}
@@ -496,7 +394,7 @@ def paired_sections(groups: dict, reading: Reading) -> list[str]:
     for control in reading.controls:
         lines += ["", f"## Paired differences against `{ref_text(control)}`", "",
                   f"Per seed, a group's {name} minus that of the same setting and seed with"
-                  f" `{label(list(control))}`" + pairing_text(control)
+                  f" `{label(list(control))}`" + against_text(control, sentence=True)
                   + ", over the seeds where neither run failed; an ordering is read only where"
                   f" the Holm-adjusted p of the paired t-test is below {st.ALPHA:g}.", ""]
         lines += paired_table(values, control, name, loss=True)
@@ -517,9 +415,10 @@ def attention_section(groups: dict) -> list[str]:
 
 def appendix(runs, reading: Reading, skipped: list[str], notes: list[str],
              figures: tuple = ()) -> str:
-    """The end of results.md: the figures, the failed runs, those still running, what was
-    skipped, notes."""
-    lines = ["", "## Failed runs", ""] + failed_runs(runs, reading.which, reading.levels)
+    """The end of results.md: failed and running runs, what was skipped, figures, notes."""
+    failed = [(r, st.failure(r, reading.which, reading.levels)) for r in runs]
+    lines = ["", "## Failed runs", ""] + (
+        [f"- {r.path}: {why}" for r, why in failed if why] or ["- none"])
     partial = [r for r in runs if r.partial]
     if partial:
         lines += ["", "## Still running (no summary.json)", ""]

@@ -1,18 +1,18 @@
 """Learning-rate transfer across width (Tensor Programs V, Fig. 1) for an LR sweep that also
 varies model.d_model (docs/report.md, "Width"): per cell (the other settings), each width's
-optimal LR per seed (a parabola's vertex in log2 LR), its drift per doubling of width (one
-least-squares line through every optimum, Holm over the cells), and whether wider is better at
-each width's own best LR (paired by seed, Holm over the table). Its figure: width_figure.py.
+optimal LR per seed, its drift per doubling of width, whether wider is better at each width's
+own best LR; and their figure, width_transfer.png.
 """
-
-from __future__ import annotations
 
 import math
 from typing import Optional
 
-import numpy as np
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator
+from scipy import stats
 
 from scripts.report import stats as st
+from scripts.report import style
 from scripts.report.runs import LR_KEY, RunRecord, group_runs, label
 
 WIDTH_KEY = "model.d_model"
@@ -40,29 +40,19 @@ def optimal_log2_lr(losses: dict[float, float]) -> Optional[float]:
     return parabola_vertex([math.log2(lr) for lr in around], [losses[lr] for lr in around])
 
 
-def slope(xs: list[float], ys: list[float]) -> Optional[float]:
-    """Least-squares slope of ys against xs; None below two distinct xs."""
-    if len(set(xs)) < 2:
-        return None
-    return float(np.polyfit(xs, ys, 1)[0])
-
-
 def cells(lr_runs: list[RunRecord]) -> dict[tuple, dict[int, list[RunRecord]]]:
     """cell key (the group key without LR and width) -> width -> its runs, widths ascending."""
-    out: dict[tuple, dict[int, list[RunRecord]]] = {}
+    out = {}
     for key, runs in group_runs(lr_runs, drop=(LR_KEY, WIDTH_KEY)).items():
-        for r in runs:
-            out.setdefault(key, {}).setdefault(int(float(r.setting(WIDTH_KEY))), []).append(r)
-    return {key: dict(sorted(by_width.items())) for key, by_width in out.items()}
+        width = {id(r): int(float(r.setting(WIDTH_KEY))) for r in runs}
+        out[key] = {w: [r for r in runs if width[id(r)] == w] for w in sorted(set(width.values()))}
+    return out
 
 
 def per_seed(table: dict[float, dict]) -> dict:
     """{lr: {seed: loss}} -> {seed: {lr: loss}}."""
-    out: dict = {}
-    for lr, seeds in table.items():
-        for seed, loss in seeds.items():
-            out.setdefault(seed, {})[lr] = loss
-    return out
+    seeds = dict.fromkeys(s for by_seed in table.values() for s in by_seed)
+    return {s: {lr: by_seed[s] for lr, by_seed in table.items() if s in by_seed} for s in seeds}
 
 
 def cell_optima(by_width: dict[int, list[RunRecord]], which: str) -> dict[int, dict]:
@@ -73,44 +63,27 @@ def cell_optima(by_width: dict[int, list[RunRecord]], which: str) -> dict[int, d
 
 
 def drift(optima: dict[int, dict]) -> st.Comparison:
-    """The slope of log2(optimal LR) against log2(width) through every optimum (n of them),
-    with its t interval and test of slope 0 (n - 2 df); no interval below three optima."""
+    """Slope of log2(optimal LR) on log2(width) over every optimum, t test of 0 (n - 2 df)."""
     points = [(math.log2(w), y) for w, per in optima.items() for y in per.values()
               if y is not None]
-    xs, ys = np.array([x for x, _ in points]), np.array([y for _, y in points])
-    n = len(points)
-    if len(set(xs.tolist())) < 2:
+    if len({x for x, _ in points}) < 2:
         return st.Comparison(None, None, None)
-    b, a = np.polyfit(xs, ys, 1)
+    fit, n = stats.linregress(*zip(*points)), len(points)
     if n < 3:
-        return st.Comparison(st.Interval(float(b), None, n), None, None)
-    sxx = float(np.sum((xs - xs.mean()) ** 2))
-    se = math.sqrt(float(np.sum((ys - (a + b * xs)) ** 2)) / (n - 2) / sxx)
-    half = st.t_quantile(0.5 + st.LEVEL / 2, n - 2) * se
-    if se == 0:   # every optimum on the line
-        p = 1.0 if b == 0 else 0.0
-    else:
-        p = float(2 * st.stats.t.sf(abs(b / se), n - 2))
-    return st.Comparison(st.Interval(float(b), half, n), p, None)
-
-
-def best_loss_by_seed(runs: list[RunRecord], which: str) -> dict:
-    """seed -> its lowest clipped loss over the LR grid (the loss at that width's own best LR)."""
-    return {seed: min(losses.values())
-            for seed, losses in per_seed(st.lr_table(runs, which)).items()}
+        return st.Comparison(st.Interval(float(fit.slope), None, n), None, None)
+    half = st.t_quantile(0.5 + st.LEVEL / 2, n - 2) * fit.stderr
+    p = float(fit.pvalue) if fit.stderr else float(fit.slope == 0)   # every optimum on the line
+    return st.Comparison(st.Interval(float(fit.slope), float(half), n), p, None)
 
 
 def lr_cell(log2_lrs: list) -> str:
     """Geometric mean of the optimal LRs over the seeds that have one, with their n."""
     values = [v for v in log2_lrs if v is not None]
-    if not values:
-        return "edge"
-    return f"{2 ** (sum(values) / len(values)):.3g} (n={len(values)})"
+    return f"{2 ** (sum(values) / len(values)):.3g} (n={len(values)})" if values else "edge"
 
 
 def width_section(lr_runs: list[RunRecord], which: str) -> list[str]:
-    """results.md's "## Width": the optimum per width and its drift per doubling, and whether
-    wider is better at its own best LR, each table one Holm family."""
+    """results.md's "## Width": two tables, one Holm family each."""
     by_cell = cells(lr_runs)
     return ["## Width", ""] + drift_table(by_cell, which) + [""] + wider_table(by_cell, which)
 
@@ -145,13 +118,12 @@ def drift_table(by_cell: dict, which: str) -> list[str]:
 
 
 def wider_table(by_cell: dict, which: str) -> list[str]:
-    pairs, rows = [], []
-    for key, by_width in by_cell.items():
-        ws = list(by_width)
-        for narrow, wide in zip(ws, ws[1:]):
-            rows.append((key, narrow, wide))
-            pairs.append((best_loss_by_seed(by_width[wide], which),
-                          best_loss_by_seed(by_width[narrow], which)))
+    rows = [(key, narrow, wide) for key, by_width in by_cell.items()
+            for narrow, wide in zip(list(by_width), list(by_width)[1:])]
+    best = {(key, w): {seed: min(losses.values())   # each width at its own best LR
+                       for seed, losses in per_seed(st.lr_table(runs, which)).items()}
+            for key, by_width in by_cell.items() for w, runs in by_width.items()}
+    pairs = [(best[key, wide], best[key, narrow]) for key, narrow, wide in rows]
     lines = ["Wider at its own best LR: per seed, the lowest clipped"
              f" {st.LOSSES[which][1]} over the LR grid, the wider width minus the narrower,"
              " paired by seed; Holm over the table.", "",
@@ -163,3 +135,64 @@ def wider_table(by_cell: dict, which: str) -> list[str]:
                      f" | {st.p_text(c.p)} | {st.p_text(c.p_holm)}"
                      f" | {st.verdict(c, 'wider better', 'wider worse')} |")
     return lines
+
+
+def plot_width(lr_runs: list[RunRecord], which: str):
+    by_cell = cells(lr_runs)
+    fig, axes = plt.subplots(2, len(by_cell), figsize=(max(3.6 * len(by_cell), 6.0), 7.0),
+                             squeeze=False, layout="constrained")
+    widths = sorted({w for by_width in by_cell.values() for w in by_width})
+    colours = {w: plt.cm.viridis(i / max(len(widths) - 1, 1)) for i, w in enumerate(widths)}
+    for j, (key, by_width) in enumerate(by_cell.items()):
+        optima = cell_optima(by_width, which)
+        width_curves(axes[0][j], by_width, optima, colours, which)
+        axes[0][j].set_title(label(key, "all", short=True), fontsize=9)
+        optima_panel(axes[1][j], optima, colours, widths)
+    found = [y for ax in axes[1] for line in ax.lines for y in line.get_ydata()]
+    for ax in axes[1] if found else ():   # one y range for the row, a factor 4 wide at least
+        ax.set_ylim(min(found) / 2, max(found) * 2)
+    axes[0][0].set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)",
+                          fontsize=9)
+    axes[1][0].set_ylabel("optimal LR, one point per seed", fontsize=9)
+    ns = [len(s) for by_width in by_cell.values() for runs in by_width.values()
+          for s in st.lr_table(runs, which).values()]
+    return style.finish(fig, "Learning rate across width: top, mean loss per LR, a line per"
+                        " width (dotted: its optimal LR); bottom, each seed's optimal LR"
+                        " (parabola vertex in log2 LR; none where a seed's lowest loss is at"
+                        f" the grid's edge) and the least-squares line through them;"
+                        f" {style.seeds_text(ns, 'point')}")
+
+
+def width_curves(ax, by_width: dict, optima: dict, colours: dict, which: str) -> None:
+    for w, runs in by_width.items():
+        table = st.lr_table(runs, which)
+        means = {lr: st.mean_interval(list(s.values())) for lr, s in table.items()}
+        lrs = [lr for lr, m in means.items() if m is not None]
+        ax.plot(lrs, [means[lr].mean for lr in lrs], marker=".", color=colours[w],
+                label=f"d_model={w}")
+        found = [v for v in optima[w].values() if v is not None]
+        if found:
+            ax.axvline(2 ** (sum(found) / len(found)), color=colours[w], lw=0.8, ls=":")
+    ax.set(xscale="log", xlabel="learning rate")
+    ax.grid(alpha=0.3, which="both")
+
+
+def optima_panel(ax, optima: dict, colours: dict, widths: list) -> None:
+    """Each seed's optimal LR against width, and the line of the cell's drift."""
+    for w, per in optima.items():
+        found = [2 ** v for v in per.values() if v is not None]
+        ax.plot([w] * len(found), found, "o", color=colours[w], ms=4)
+    fit = drift(optima)
+    points = [(math.log2(w), v) for w, per in optima.items() for v in per.values()
+              if v is not None]
+    if fit.diff is not None:   # the line the table's drift comes from
+        mx, my = (sum(p[i] for p in points) / len(points) for i in (0, 1))
+        ends = [min(x for x, _ in points), max(x for x, _ in points)]
+        ax.plot([2 ** x for x in ends], [2 ** (my + fit.diff.mean * (x - mx)) for x in ends],
+                color="0.4", lw=1, label="least-squares line of the drift")
+    ax.set(xscale="log", yscale="log", xlabel="d_model")
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.yaxis.set_major_locator(LogLocator(base=2))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2g}"))
+    ax.minorticks_off()
+    ax.grid(alpha=0.3, which="both")

@@ -1,4 +1,4 @@
-"""curves.jsonl (scripts/report/curves.py): the records of the step-curve figures beside
+"""curves.jsonl (scripts/report/runs_csv.py): the records of the step-curve figures beside
 runs.csv, so that `plot_runs.py --from-csv` draws every figure the run folders draw, and a sweep
 run in stages is reported from the earlier stages' committed files plus the last stage's
 folders. Figures are built, not rendered: what is compared is every line of every panel."""
@@ -22,7 +22,8 @@ from conftest import (
 )
 from matplotlib.figure import Figure
 
-from scripts.report import curves, figures
+from scripts.report import figures
+from scripts.report import runs_csv as curves
 from scripts.report.runs import load_runs
 
 

@@ -233,7 +233,7 @@ class Counts:
     def __init__(self, targets, split_targets):
         self.counts = {"full_eval_targets": targets, "full_eval_split_targets": split_targets}
 
-    def summary_count(self, name):
+    def summary_value(self, name, kind):
         return self.counts[name]
 
 

@@ -1,4 +1,4 @@
-"""The high-LR report (lr_stability.png of scripts/report/lr_figure.py, and the LR tables'
+"""The high-LR report (lr_stability.png of scripts/report/figures.py, and the LR tables'
 pairing of a bound against the same scale without it): on conftest.stability_sweep, where
 sqrt_dk fails at 1e-1, none at 1e-2 (seed 2) and 1e-1, and sqrt_dk with scaling.softcap=50
 at no LR."""
@@ -14,9 +14,8 @@ from conftest import (
 )
 
 from scripts.report import stats as st
+from scripts.report.figures import Frame, edge_runs, head_extreme, plot_lr, plot_stability
 from scripts.report.runs import LR_KEY, group_runs, load_runs
-from scripts.report.figures import Frame
-from scripts.report.lr_figure import edge_runs, head_extreme, plot_lr, plot_stability
 from scripts.report.style import Arms
 
 
