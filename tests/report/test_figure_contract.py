@@ -1,7 +1,8 @@
 """The figure contract of docs/report.md ("The figures and what they promise"), checked on the drawn
 matplotlib objects of every committed study: each study's figures are drawn from its committed
 runs.csv and curves.jsonl by the --from-csv command of its preset's header (STUDIES), and every
-figure is checked (not rendered to a file: savefig keeps the Figure):
+figure is checked (not rendered to a file: savefig keeps the Figure). The figures no committed
+study draws yet are drawn from small fixtures of real shrunk runs (FIXTURES):
 
 - no empty axes (a panel without data is dropped, not labelled empty);
 - no text box overlaps another (titles, labels, tick labels, legend entries, legend frames);
@@ -63,7 +64,17 @@ STUDIES = {
                        None, {}),
     "width_transfer": ([], None, {}),
     "width_transfer/seed2": ([], None, {}),
+    "length_lookup": ([], None, {}),
+    "length_text": ([], None, {}),
 }
+# fixture folder of tests/report/fixtures -> the figures its runs draw (no PNG is committed):
+# 20-step runs of experiment=length_generalisation_lookup (seeds 1-3, scaling.length fixed,
+# log_n, ssmax) and of experiment=length_generalisation (model.pos=nope, seeds 1-2, fixed and
+# log_n, trainer.full_eval_tokens=4096)
+FIXTURES = {"length_lookup": ["accuracy_curves.png", "diagnostics.png", "length_lookup.png",
+                              "loss_curves.png", "qk_grad_norms.png"],
+            "length_text": ["diagnostics.png", "length_text.png", "loss_curves.png",
+                            "qk_grad_norms.png"]}
 STEP_FIGURES = ("loss_curves.png", "accuracy_curves.png", "loss_vs_baseline.png",
                 "diagnostics.png", "qk_grad_norms.png")
 
@@ -78,10 +89,9 @@ def drawn(tmp_path_factory):
             shown = figures[study] = {}
             Figure.savefig = lambda fig, fname, shown=shown, **kw: shown.update(
                 {Path(fname).name: fig})
-            folder = out / study.replace("/", "_")
             with contextlib.redirect_stdout(io.StringIO()):   # results.md, printed
-                code = report_in_process("--from-csv", RESULTS / study / "runs.csv", "--out",
-                                         folder, *options)
+                code = report_in_process("--from-csv", folder(study) / "runs.csv", "--out",
+                                         out / study.replace("/", "_"), *options)
             assert code == 0, study
     finally:
         Figure.savefig = keep
@@ -93,17 +103,21 @@ def cases():
     return [(study, name) for study in STUDIES for name in committed(study)]
 
 
+def folder(study: str) -> Path:
+    return ROOT / "tests" / "report" / "fixtures" / study if study in FIXTURES else RESULTS / study
+
+
 def committed(study: str) -> list[str]:
-    return sorted(p.name for p in (RESULTS / study).glob("*.png"))
+    return FIXTURES.get(study) or sorted(p.name for p in (RESULTS / study).glob("*.png"))
 
 
 def runs_of(study: str) -> list[dict]:
-    with open(RESULTS / study / "runs.csv", newline="") as f:
+    with open(folder(study) / "runs.csv", newline="") as f:
         return list(csv.DictReader(f))
 
 
 def curves_of(study: str) -> list[dict]:
-    path = RESULTS / study / "curves.jsonl"
+    path = folder(study) / "curves.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
         else []
 
@@ -246,7 +260,7 @@ def quantity_range(ylabel: str, study: str) -> tuple[float, float]:
     """The range a panel's quantity can take, read from its y label: a loss is at most the
     highest loss recorded (at init, as a rule)."""
     text = ylabel.lower()
-    if "accuracy" in text or "saturated" in text or "/ ln" in text:
+    if "accuracy" in text or "saturated" in text or "/ ln" in text or "weight" in text:
         return 0.0, 1.0
     if "entropy" in text:
         blocks = [float(c["settings"].get("model.block_size", 64)) for c in curves_of(study)]
