@@ -79,9 +79,9 @@ def windows(tokens, span: tuple[int, int], eot: int, chunk: int):
         yield np.concatenate([pad, before, np.asarray(tokens[lo:hi]).astype(np.int64)])
 
 
-def count(tables: dict, V: int, tokens, span: tuple[int, int], eot: int, chunk: int) -> None:
-    """Adds the n-grams whose last token is in tokens[start:stop] to {n: (keys, counts)}."""
-    for stream in windows(tokens, span, eot, chunk):
+def count(tables: dict, V: int, streams) -> None:
+    """Adds the n-grams ending in each stream of `windows` to {n: (keys, counts)}."""
+    for stream in streams:
         for n, table in tables.items():
             tables[n] = merge(*table, *np.unique(packed(stream[3 - n:], n, V),
                                                  return_counts=True))
@@ -94,10 +94,10 @@ def contexts(keys: np.ndarray, counts: np.ndarray, n: int, V: int) -> tuple:
     return (ctx[first], np.add.reduceat(counts, first)) if len(ctx) else (ctx, ctx)
 
 
-def scored(tables: dict, V: int, tokens, span: tuple[int, int], eot: int, chunk: int):
-    """Per chunk of tokens[start:stop], {n: each target's (count(ctx c), count(ctx))}."""
+def scored(tables: dict, V: int, streams):
+    """Per stream of `windows`, {n: each target's (count(ctx c), count(ctx))}."""
     ctx = {n: contexts(*table, n, V) for n, table in tables.items()}
-    for stream in windows(tokens, span, eot, chunk):
+    for stream in streams:
         keys = {n: packed(stream[3 - n:], n, V) for n in tables}
         yield {n: (lookup(*tables[n], k), lookup(*ctx[n], k // V if n > 1 else np.zeros_like(k)))
                for n, k in keys.items()}
@@ -109,12 +109,11 @@ def add_k_loss(c: np.ndarray, m: np.ndarray, k: float, V: int, weights=None) -> 
     return float(nll.sum() if weights is None else (nll * weights).sum())
 
 
-def choose_ks(tables: dict, V: int, tokens, span: tuple[int, int], eot: int, chunk: int,
-              grid) -> dict:
-    """Per order, the k of `grid` best on the held-out tokens, by (c, m) histogram."""
-    base = span[1] + 1   # a pair (c, m), both <= stop, as c * base + m
+def choose_ks(tables: dict, V: int, streams, base: int, grid) -> dict:
+    """Per order, the k of `grid` best on the held-out streams, by (c, m) histogram; base: more
+    than any count, so that a pair (c, m) packs as c * base + m."""
     hist = {n: (np.zeros(0, np.int64),) * 2 for n in tables}
-    for counts in scored(tables, V, tokens, span, eot, chunk):
+    for counts in scored(tables, V, streams):
         for n, (c, m) in counts.items():
             hist[n] = merge(*hist[n], *np.unique(c * base + m, return_counts=True))
     return {n: grid[int(np.argmin([add_k_loss(keys // base, keys % base, k, V, weights)
@@ -134,11 +133,12 @@ def compute(data: PreparedData, settings: Settings = DEFAULT, chunk: int = CHUNK
                         f"{len(val)} validation tokens. Add text to data.train_files/val_files.")
     start = time.perf_counter()
     tables = {n: (np.zeros(0, np.int64),) * 2 for n in ORDERS}
-    count(tables, V, train, (0, cut), eot, chunk)
-    ks = choose_ks(tables, V, train, (cut, counted), eot, chunk, settings.k_grid)
-    count(tables, V, train, (cut, counted), eot, chunk)  # now the counts of all `counted` tokens
+    count(tables, V, windows(train, (0, cut), eot, chunk))
+    held_out = windows(train, (cut, counted), eot, chunk)
+    ks = choose_ks(tables, V, held_out, counted + 1, settings.k_grid)
+    count(tables, V, windows(train, (cut, counted), eot, chunk))  # all `counted` tokens now
     total = dict.fromkeys(ORDERS, 0.0)
-    for counts in scored(tables, V, val, (0, len(val)), eot, chunk):
+    for counts in scored(tables, V, windows(val, (0, len(val)), eot, chunk)):
         for n, (c, m) in counts.items():
             total[n] += add_k_loss(c, m, ks[n], V)
     nats = {ORDERS[n]: total[n] / len(val) for n in ORDERS}
