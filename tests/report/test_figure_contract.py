@@ -64,6 +64,7 @@ STUDIES = {
                        None, {}),
     "width_transfer": ([], None, {}),
     "width_transfer/seed2": ([], None, {}),
+    "length_generalisation/lookup": ([], None, {}),
     "length_lookup": ([], None, {}),
     "length_text": ([], None, {}),
 }
