@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from model.errors import UserError
-from trainer.build import Run
+from trainer.build import Run, all_reduce_sum
 from trainer.files import atomic_write, read_metrics, write_json
 from trainer.schema import LoggerConfig
 
@@ -38,13 +38,13 @@ def cpu_name() -> str:
 
 class RunDir:
     """The run directory as the loop writes it, on rank 0 only. Opening it refuses a new run
-    (trainer.resume unset) where another run's files are, prints what is about to run, adds this
-    segment to run.json, copies tokenizer.json, opens metrics.jsonl (flushed per line: plots
-    read live runs) and the logger (closed with the segment or by an error)."""
+    where another run's files are (every rank), prints what is about to run, adds this segment
+    to run.json, copies tokenizer.json, opens metrics.jsonl (flushed per line) and the logger."""
 
     def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
         found = [name for name in RUN_FILES if (path / name).exists()]
-        if run.config.train_cfg.resume is None and found:   # every rank refuses
+        clash = torch.tensor(float(run.config.train_cfg.resume is None and bool(found)))
+        if all_reduce_sum(clash.to(run.compute.device)).item() > 0:   # all look before 0 writes
             raise UserError(f"The run folder {path} already holds a run ({', '.join(found)}). "
                             "Continue it with trainer.resume=auto, or give the new run its own "
                             "folder (hydra.run.dir, or for a sweep hydra.sweep.dir).")

@@ -343,8 +343,10 @@ def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
         for key, runs in at(frame, arms, setting).items():
             ns += lr_curve(ax, frame, key, runs, (which, frame.levels))
         style.reference_lines(ax, frame.levels or {})
+        ys = [v for line in ax.lines for v in line.get_ydata() if v > 0 and math.isfinite(v)]
+        scale = "log" if ys and max(ys) >= 10 * min(ys) else "linear"   # a decade or more
         lr_ticks(ax, sorted({r.lr for g in at(frame, arms, setting).values() for r in g}))
-        ax.set(title=panel_title(setting), xlabel="learning rate",
+        ax.set(title=panel_title(setting), xlabel="learning rate", yscale=scale,
                ylabel=f"{st.loss_name(which, lr_runs)}\n(clipped at the loss at init)")
         ax.title.set_fontsize(9)
         ax.yaxis.label.set_fontsize(9)

@@ -373,6 +373,18 @@ def hidden_on_log_axes(fig) -> list[str]:
     return bad
 
 
+def losses_a_decade_apart_on_a_linear_axis(fig) -> list[str]:
+    """Losses 10x apart or more (solved runs near 0 beside failed ones) need a log y axis."""
+    bad = []
+    for ax in fig.axes:
+        ys = points(ax)[:, 1]
+        if ("loss" in ax.get_ylabel() and ax.get_yscale() == "linear" and len(ys)
+                and (ys > 0).all() and ys.max() >= 10 * ys.min()):
+            bad.append(f"{ax.get_title()!r}: losses {ys.min():.3g} to {ys.max():.3g} on a"
+                       " linear y axis")
+    return bad
+
+
 def off_the_learning_rates(fig, study: str) -> list[str]:
     lrs = {float(r["optim.lr"]) for r in runs_of(study) if r.get("optim.lr")}
     bad = []
@@ -432,6 +444,7 @@ def test_the_figure_keeps_the_contract(drawn, study, name):
                 + points_off_the_axes(fig) + texts_outside(fig)
                 + intervals_out_of_range(fig, study) + intervals_at_small_n(fig)
                 + categorical_joins(fig) + hidden_on_log_axes(fig)
+                + losses_a_decade_apart_on_a_linear_axis(fig)
                 + off_the_learning_rates(fig, study) + claims(fig)
                 + run_set(fig, name, held_out, lrs))
     assert not problems, "\n".join(problems)
