@@ -64,14 +64,14 @@ STUDIES = {
                        None, {}),
     "width_transfer": ([], None, {}),
     "width_transfer/seed2": ([], None, {}),
-    "length_generalisation/lookup": ([], None, {}),
+    "length_generalisation_lookup": ([], None, {}),
     "length_lookup": ([], None, {}),
     "length_text": ([], None, {}),
 }
 # fixture folder of tests/report/fixtures -> the figures its runs draw (no PNG is committed):
 # 20-step runs of experiment=length_generalisation_lookup (seeds 1-3, scaling.length fixed,
-# log_n, ssmax) and of experiment=length_generalisation (model.pos=nope, seeds 1-2, fixed and
-# log_n, trainer.full_eval_tokens=4096)
+# log_n, ssmax) and of the default run with trainer.eval_lengths=[64,1024] (model.pos=nope,
+# seeds 1-2, fixed and log_n, trainer.full_eval_tokens=4096)
 FIXTURES = {"length_lookup": ["accuracy_curves.png", "diagnostics.png", "length_lookup.png",
                               "loss_curves.png", "qk_grad_norms.png"],
             "length_text": ["diagnostics.png", "length_text.png", "loss_curves.png",
