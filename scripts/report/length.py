@@ -95,7 +95,7 @@ def prediction_table(groups: dict, baseline: str) -> list[str]:
         lines.append(f"| {label(key)} | {n} | {c.diff.n if c.diff else 0} | {means}"
                      f" | {ratio_text(c)} | {st.p_text(c.p)} | {st.p_text(c.p_holm)} | "
                      + st.verdict(c, "below the prediction", "above the prediction",
-                                  "follows the prediction: ") + " |")
+                                  "not resolved from the prediction, ") + " |")
     return lines + ([] if rows else ["", "No run of that arm has a weight past training."])
 
 

@@ -84,7 +84,7 @@ def test_prediction_and_accuracy_tables_on_the_lookup_fixture():
         row = table_row(part, "scaling=sqrt_dk, scaling.length=fixed", str(n))
         assert row[2] == "3" and row[5].startswith(f"{math.exp(diff.mean()):.4g} (")
         assert row[6:8] == [f"{p:.3g}", f"{p_holm:.3g}"]
-        assert row[8].startswith("follows the prediction" if p_holm >= 0.05 else "")
+        assert row[8].startswith("not resolved from the prediction" if p_holm >= 0.05 else "")
     # accuracy past 64 of log_n against fixed, one family with ssmax's
     part = text.split("Accuracy past")[1]
     diff = [by["log_n", s].lengths["len1024_accuracy"] - by["fixed", s].lengths[
