@@ -113,15 +113,15 @@ def text_section(groups: dict) -> list[str]:
     tests = st.family([tuple(st.by_seed(groups[key], lambda r, f=f, n=n, b=b: value(r, n, f, b))
                              for f in ("loss", "sliding_loss")) for key, n, b in rows])
     return lines + [
-        "Past the training length, each group's loss minus its own sliding-window loss (the"
-        " same model seeing only the last block_size tokens), paired by seed, one Holm family:"
-        " `uses the extra context` where resolved below it, `no blow-up` where not resolved from"
-        " it, `blow-up` where resolved above it.", "",
+        "Past the training length, each group's loss minus its own sliding-window loss (the same"
+        " model seeing only its last block_size tokens), paired by seed, one Holm family: `uses"
+        " the extra context` where resolved below it, `blow-up` where resolved above it.", "",
         "| group | length | positions | pairs | loss − sliding-window loss | p (paired t)"
         " | Holm p | reading |", "|---|---:|---|---:|---:|---:|---:|---|", *(
             f"| {label(key)} | {n} | {lo}-{hi} | {c.diff.n if c.diff else 0} | {cell(c.diff)}"
             f" | {st.p_text(c.p)} | {st.p_text(c.p_holm)} | "
-            + st.verdict(c, "uses the extra context", "blow-up", "no blow-up: ") + " |"
+            + st.verdict(c, "uses the extra context", "blow-up", c.diff and c.diff.half and
+                         f"interval up to {c.diff.mean + c.diff.half:+.4f}; " or "") + " |"
             for (key, n, (lo, hi)), c in zip(rows, tests))]
 
 

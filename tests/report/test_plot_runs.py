@@ -29,11 +29,10 @@ from conftest import (
     without_figures,
 )
 from matplotlib.figure import Figure
-from matplotlib.image import imread
 from scipy.stats import ttest_rel
 
-from scripts.report import figures, style
 from scripts.report import stats as st
+from scripts.report import style
 from scripts.report.runs import load_runs
 
 

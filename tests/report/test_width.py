@@ -8,8 +8,8 @@ doubling, under mup it moves by 0.05, -0.05 and 0."""
 import math
 
 import pytest
-from scipy import stats
 from conftest import LOG2_LRS, SLOPES, WIDTHS, loss_at, optimum, table_row, width_sweep
+from scipy import stats
 
 from scripts.report import stats as st
 from scripts.report.runs import load_runs
