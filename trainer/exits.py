@@ -8,8 +8,8 @@ from typing import NoReturn, Optional
 
 from model.errors import UserError
 from trainer.build import process_rank, world_size
-from trainer.files import remove_if_unstarted
 from trainer.job import Interrupted, Job
+from trainer.resume import remove_if_unstarted
 
 
 def end_on(job: Job, err: Exception, run_dir: Path, script: str,

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +49,3 @@ def display_path(path: Path) -> str:
     inside = path.resolve().is_relative_to(Path.cwd().resolve())
     return os.path.relpath(path) if inside else str(path)
 
-
-def remove_if_unstarted(run_dir: Path) -> None:
-    """Delete a run directory that holds only Hydra's .hydra/ (the run did not start)."""
-    if run_dir.resolve() != Path.cwd().resolve() and run_dir.is_dir() and set(
-            os.listdir(run_dir)) <= {".hydra"}:
-        shutil.rmtree(run_dir)

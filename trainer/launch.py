@@ -25,9 +25,9 @@ from hydra.errors import CompactHydraException, HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.files import display_path, remove_if_unstarted
+from trainer.files import display_path
 from trainer.job import STOPS, Job
-from trainer.resume import hydra_quoted, python_launcher
+from trainer.resume import hydra_quoted, python_launcher, remove_if_unstarted
 
 # configs/hydra/launcher/*.yaml are checked against the plugins' schemas of the same name, which
 # Hydra 1.3 does with a deprecation warning in every process that composes the config; this

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import shlex
+import shutil
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Optional
@@ -19,7 +20,7 @@ from hydra.utils import to_absolute_path
 from model.errors import UserError
 from trainer.build import Progress, Run
 from trainer.checkpoint import CheckpointError, read
-from trainer.files import display_path, remove_if_unstarted
+from trainer.files import display_path
 from trainer.schema import GROUPS, LoggerConfig, flat
 
 # Settings that may differ between a checkpoint and the run resuming from it: how long to
@@ -31,6 +32,13 @@ MAY_CHANGE_ON_RESUME = (
     "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
     "trainer.sample_temperature", "trainer.sample_top_k", "trainer.full_eval_tokens",
     "data.cache_dir", "model.attn_impl", *(f"logger.{f.name}" for f in fields(LoggerConfig)))
+
+
+def remove_if_unstarted(run_dir: Path) -> None:
+    """Delete a run directory that holds only Hydra's .hydra/ (the run did not start)."""
+    if run_dir.resolve() != Path.cwd().resolve() and run_dir.is_dir() and {
+            p.name for p in run_dir.iterdir()} <= {".hydra"}:
+        shutil.rmtree(run_dir)
 
 
 def hydra_quoted(value: str) -> str:
