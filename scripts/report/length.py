@@ -161,7 +161,7 @@ def prediction(frame, ax, row: int, members: dict) -> None:
 
 def plot_text(frame, runs: list):
     """length_text.png: the loss by position, and less the sliding-window loss."""
-    groups = {k: g for k, g in group_runs(runs).items() if columns(g, "sliding_loss")}
+    groups = {k: g for k, g in group_runs(runs).items() if beyond(g, "sliding_loss")}
     top = init_cap([r for g in groups.values() for r in g])
     rows = [("val loss (nats)", lambda r: by_position(r, "loss"), (0.0, top), False),
             ("loss − its sliding-\nwindow loss (nats)", lambda r: by_position(r, None),

@@ -23,8 +23,8 @@ SEED_KEY = "trainer.seed"
 VARIANT_KEY = "scaling"
 SOLVED_ACCURACY = 0.9   # data=recall: solved at the first evaluation this accurate
 RUN_MARKERS = (".hydra/overrides.yaml", "metrics.jsonl", "summary.json", "run.json")
-# How a run was executed, not what it computes: never a setting to group by.
-EXECUTION_KEYS = ("trainer.threads", "trainer.resume")
+# How a run was executed or read after training, not what it trains: never a setting to group by.
+EXECUTION_KEYS = ("trainer.threads", "trainer.resume", "trainer.eval_lengths")
 LENGTH_FIELDS = ("loss", "sliding_loss", "accuracy", "right_key_weight")   # of "length_eval"
 
 

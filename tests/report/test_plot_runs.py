@@ -622,20 +622,22 @@ def test_a_one_seed_lr_sweep_is_a_selection_stage_with_curves_at_its_best_lr(tmp
 
 
 def test_how_a_run_was_executed_is_not_a_setting(tmp_path, tables_only):
-    """A sweep finished on one thread, or resumed, holds the same runs: trainer.threads and
-    trainer.resume in some runs' overrides neither split a group nor become a runs.csv column."""
+    """A sweep finished on one thread, resumed, or read at more lengths after training holds
+    the same runs: trainer.threads, trainer.resume and trainer.eval_lengths in some runs'
+    overrides neither split a group nor become a runs.csv column."""
     sweep = tmp_path / "sweep"
-    for seed, extra in ((1, []), (2, ["trainer.threads=1"]), (3, ["trainer.resume=auto"])):
+    for seed, extra in ((1, []), (2, ["trainer.threads=1"]), (3, ["trainer.resume=auto"]),
+                        (4, ["trainer.eval_lengths=[64]"])):
         for scaling, full in (("sqrt_dk", 1.9), ("none", 1.8)):
             make_run(sweep, [f"scaling={scaling}", f"trainer.seed={seed}", *extra],
                      [INIT, 2.5, full + 0.1], full=full + 0.01 * seed)
     out = tmp_path / "out"
     assert report_in_process(sweep, "--out", out) == 0
     text = (out / "results.md").read_text()
-    assert table_row(text, "scaling=none")[1] == "3"   # one group of three runs per scale
-    assert "threads" not in text and "resume" not in text
+    assert table_row(text, "scaling=none")[1] == "4"   # one group of four runs per scale
+    assert not any(key in text for key in ("threads", "resume", "eval_lengths"))
     header = (out / "runs.csv").read_text().splitlines()[0].split(",")
-    assert "trainer.threads" not in header and "trainer.resume" not in header
+    assert not {"trainer.threads", "trainer.resume", "trainer.eval_lengths"} & set(header)
 
 
 # Five arms that differ in several keys at once: sqrt_dk and none at their defaults, and three

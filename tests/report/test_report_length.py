@@ -150,3 +150,20 @@ def test_the_lookup_band_is_clipped_to_0_1():
     dashed = [line for line in weight.lines if line.get_label().startswith("prediction")]
     assert len(dashed) == 1 and dashed[0].get_linestyle() == "--"
     matplotlib.pyplot.close(fig)
+
+
+def test_length_text_draws_no_panel_for_a_group_read_only_within_training():
+    """model.pos=learned is read at its training length only: a column for nope, none for it."""
+    runs = [text_run(s, "fixed", 0.1) for s in (1, 2, 3)] + [text_run(s, "fixed", 0.0)
+                                                              for s in (1, 2, 3)]
+    for i, run in enumerate(runs):
+        run.overrides["model.pos"] = "nope" if i < 3 else "learned"
+        if i >= 3:
+            run.summary["length_eval"].pop("128")
+    keys = group_runs(runs)
+    arms = style.Arms.of(keys)
+    frame = Frame(arms, style.palette([length.length_arms(arms).name(k) for k in keys]))
+    fig = length.plot_text(frame, runs)
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["pos=nope"]
+    assert len(fig.axes) == 2   # loss, and loss less the sliding window
+    matplotlib.pyplot.close(fig)
