@@ -67,7 +67,7 @@ def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
     assert not any("SCIENCE" in line for line in lines)
 
 
-LENGTH_PRESETS = ("length_generalisation_lookup",)
+LENGTH_PRESETS = ("length_generalisation", "length_generalisation_lookup")
 
 
 @pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + LENGTH_PRESETS + ("width_transfer",))
@@ -268,6 +268,19 @@ def test_length_presets_are_multiruns_of_five_seeds_that_start_with_a_command(na
     assert sweep_values(cfg, "trainer.seed") == ["1", "2", "3", "4", "5"]
     assert header(name)[1].startswith("# python train.py experiment=length_generalisation")
     assert cfg.scaling.name == "sqrt_dk" and cfg.trainer.on_nan == "stop"
+
+
+def test_length_text_preset_sweeps_nope_and_rope_by_every_length_factor_on_the_default_run():
+    cfg = preset("length_generalisation")
+    assert sweep_values(cfg, "model.pos") == ["nope", "rope"]
+    assert sweep_values(cfg, "scaling.length") == ["fixed", "log_n", "log_n_eval", "ssmax"]
+    assert list(cfg.trainer.eval_lengths) == [64, 1024]
+    default = compose_preset("length_generalisation", hydra=False)
+    assert (default.data.source, default.model.block_size, default.trainer.max_steps) == (
+        "shakespeare", 64, 2000)
+    text = "\n".join(header("length_generalisation"))
+    assert "Registered before any run" in text and "sliding window" in text
+    assert "model.pos=learned scaling.length=fixed trainer.eval_lengths=[64]" in text
 
 
 def test_length_lookup_preset_is_one_nope_layer_on_kv_trained_to_64_pairs():
