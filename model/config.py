@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from model.errors import ConfigError, check_dropout, check_positive_int, is_positive_number
+from model.errors import ConfigError, check_dropout, check_positive_int, is_positive_number, refuse
 
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
 SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest weight exceeds this
@@ -44,26 +44,21 @@ class ScalingConfig:
     length_base: Optional[int] = None  # T0 of log_n, log_n_eval, ssmax; null: model.block_size
 
     def __post_init__(self):
-        if self.length not in LENGTHS or self.length_base is not None and not (
-                type(self.length_base) is int and self.length_base >= 2):
-            raise ConfigError(f"scaling.length={self.length!r}, scaling.length_base="
-                              f"{self.length_base!r}: choose the length from {', '.join(LENGTHS)}"
-                              " and the base T0 as null (model.block_size) or an integer >= 2.")
-        if self.name not in SCALINGS:
-            raise ConfigError(f"scaling.name={self.name!r} is not a known score scale; choose "
-                              f"one of {', '.join(SCALINGS)} (e.g. scaling=sqrt_dk).")
-        if not is_positive_number(self.divisor):
-            raise ConfigError(f"scaling.divisor={self.divisor!r} must be a positive finite number "
-                              "(the `constant` scale's divisor).")
-        if self.norm not in QK_NORMS:
-            raise ConfigError(f"scaling.norm={self.norm!r} is not a known qk normalisation; "
-                              f"set scaling.norm to one of {', '.join(QK_NORMS)}.")
-        if self.softcap is not None and not is_positive_number(self.softcap):
-            raise ConfigError(f"scaling.softcap={self.softcap!r} must be null (no soft-cap) or "
-                              "a positive finite number (Gemma 2 uses 50.0).")
-        if self.attn_mult is not None and not is_positive_number(self.attn_mult):
-            raise ConfigError(f"scaling.attn_mult={self.attn_mult!r} must be null (set by "
-                              "param) or a positive finite number (s = attn_mult / d_head).")
+        refuse("scaling", (
+            ("name", self.name, self.name in SCALINGS,
+             f"choose one of {', '.join(SCALINGS)} (e.g. scaling=sqrt_dk)."),
+            ("divisor", self.divisor, is_positive_number(self.divisor),
+             "use a positive finite number (the `constant` scale's divisor)."),
+            ("norm", self.norm, self.norm in QK_NORMS, f"choose one of {', '.join(QK_NORMS)}."),
+            ("softcap", self.softcap, self.softcap is None or is_positive_number(self.softcap),
+             "use null (no soft-cap) or a positive finite number (Gemma 2 uses 50.0)."),
+            ("attn_mult", self.attn_mult, self.attn_mult is None or is_positive_number(
+                self.attn_mult), "use null (set by param) or a positive finite number "
+             "(s = attn_mult / d_head)."),
+            ("length", self.length, self.length in LENGTHS, f"choose one of {', '.join(LENGTHS)}."),
+            ("length_base", self.length_base, self.length_base is None or (
+                type(self.length_base) is int and self.length_base >= 2),
+             "use null (model.block_size) or an integer >= 2, the base T0.")))
 
 
 @dataclass(frozen=True)
@@ -78,18 +73,17 @@ class ParamConfig:
     zero_query: Optional[bool] = None
 
     def __post_init__(self):
-        if self.name not in PARAMS:
-            raise ConfigError(f"param.name={self.name!r} is not a known parameterisation; choose "
-                              f"one of {', '.join(PARAMS)} (e.g. param=mup on the command line).")
         check_positive_int("param.base_width", self.base_width)
-        if not is_positive_number(self.output_mult):
-            raise ConfigError(f"param.output_mult={self.output_mult!r} must be a positive finite "
-                              "number.")
+        refuse("param", (
+            ("name", self.name, self.name in PARAMS,
+             f"choose one of {', '.join(PARAMS)} (e.g. param=mup on the command line)."),
+            ("output_mult", self.output_mult, is_positive_number(self.output_mult),
+             "use a positive finite number."),
+            ("zero_query", self.zero_query,
+             self.zero_query is None or isinstance(self.zero_query, bool),
+             "use null (true under mup, false under sp), true or false.")))
         if self.zero_query is None:   # frozen: the one place the default is filled in
             object.__setattr__(self, "zero_query", self.name == "mup")
-        elif not isinstance(self.zero_query, bool):
-            raise ConfigError(f"param.zero_query={self.zero_query!r} must be null (true under "
-                              "mup, false under sp), true or false.")
 
 
 @dataclass(frozen=True)

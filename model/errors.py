@@ -21,6 +21,13 @@ def invalid(key: str, value, fix: str, error: type = ConfigError) -> UserError:
     return error(f"{key}={value!r} is not valid: {fix}")
 
 
+def refuse(group: str, checks: tuple) -> None:
+    """ConfigError for the first (key, value, ok, fix) of `checks` that is not ok."""
+    for key, value, ok, fix in checks:
+        if not ok:
+            raise invalid(f"{group}.{key}", value, fix)
+
+
 def is_positive_number(value) -> bool:   # a bool is not a number here
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and value > 0)

@@ -15,20 +15,13 @@ from omegaconf import MISSING
 
 from data.config import DataConfig
 from model.config import GPTConfig, ParamConfig, ScalingConfig
-from model.errors import check_positive_int, invalid, is_positive_number
+from model.errors import check_positive_int, is_positive_number, refuse
 
 AUTOCAST = ("fp32", "bf16", "fp16")   # trainer/build.py maps them to autocast dtypes
 PRECISIONS = ("auto", *AUTOCAST)
 LOGGERS = ("none", "tensorboard", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
 ON_NAN = ("stop", "raise")
-
-
-def refuse(group: str, checks: tuple) -> None:
-    """ConfigError for the first (key, value, ok, fix) of `checks` that is not ok."""
-    for key, value, ok, fix in checks:
-        if not ok:
-            raise invalid(f"{group}.{key}", value, fix)
 
 
 @dataclass(frozen=True)

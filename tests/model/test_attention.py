@@ -90,10 +90,13 @@ def run_both(mha, x, kwargs):
 # ---------------------------------------------------------------- config validation
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"name": "sqrtdk"}, "scaling.name='sqrtdk' is not a known score scale; choose one of"),
-    ({"divisor": 0.0}, "scaling.divisor=0.0 must be a positive finite number"),
-    ({"norm": "l2"}, "scaling.norm='l2' is not a known qk normalisation"),
-    ({"softcap": -1.0}, "scaling.softcap=-1.0 must be null (no soft-cap) or a positive"),
+    ({"name": "sqrtdk"}, "scaling.name='sqrtdk' is not valid: choose one of sqrt_dk, none"),
+    ({"divisor": 0.0}, "scaling.divisor=0.0 is not valid: use a positive finite number"),
+    ({"norm": "l2"}, "scaling.norm='l2' is not valid: choose one of layernorm, rmsnorm"),
+    ({"softcap": -1.0}, "scaling.softcap=-1.0 is not valid: use null (no soft-cap) or a positive"),
+    ({"attn_mult": 0}, "scaling.attn_mult=0 is not valid: use null (set by param)"),
+    ({"length": "log"}, "scaling.length='log' is not valid: choose one of fixed, log_n"),
+    ({"length_base": 1}, "scaling.length_base=1 is not valid: use null (model.block_size)"),
 ])
 def test_scaling_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ConfigError) as err:

@@ -30,10 +30,11 @@ def model(param: str, d_model: int, scaling: str = "sqrt_dk", **param_keys) -> G
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"name": "ntk"}, "param.name='ntk' is not a known parameterisation; choose one of sp, mup"),
+    ({"name": "ntk"}, "param.name='ntk' is not valid: choose one of sp, mup"),
     ({"base_width": 0}, "param.base_width=0 must be a positive integer"),
-    ({"output_mult": 0.0}, "param.output_mult=0.0 must be a positive finite number"),
-    ({"zero_query": "yes"}, "param.zero_query='yes' must be null"),
+    ({"output_mult": 0.0}, "param.output_mult=0.0 is not valid: use a positive finite number"),
+    ({"zero_query": "yes"}, "param.zero_query='yes' is not valid: use null"),
+    ({"zero_query": 1}, "param.zero_query=1 is not valid: use null"),
 ])
 def test_bad_param_values_name_the_key(keys, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
