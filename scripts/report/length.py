@@ -126,8 +126,8 @@ def text_section(groups: dict) -> list[str]:
 
 
 def length_arms(arms: style.Arms) -> style.Arms:
-    """The report's arms with the fixed factor as default: a line per factor."""
-    return style.Arms({**arms.switches, LENGTH_KEY: FIXED})
+    """The report's arms with the length factor as a switch: a line per factor, each named."""
+    return style.Arms({**arms.switches, LENGTH_KEY: None})
 
 
 def series(run, field: str, get=value) -> tuple[list, list]:
