@@ -57,8 +57,7 @@ def accumulating(wrapped: torch.nn.Module, last: bool) -> AbstractContextManager
 def train_step(state: TrainState, compute: Compute, optim_cfg: OptimConfig,
                train_cfg: TrainerConfig, diagnose: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor, Optional[Diagnostics]]:
-    """This process's share of the loss and the gradient norm before clipping (device tensors),
-    and when asked the Diagnostics (a host sync)."""
+    """This process's loss share, the gradient norm before clipping; Diagnostics when asked."""
     batches = next_batches(state.batcher, train_cfg.grad_accum, compute.device)
     n_targets = count_targets(batches)
     scale = compute.world / n_targets   # DDP averages gradients over processes: undone here
