@@ -77,7 +77,7 @@ from scripts.report.runs_csv import (  # noqa: E402
     write_runs_csv,
 )
 from scripts.report.style import Arms, palette  # noqa: E402
-from scripts.report.tables import Reading, appendix, markdown_report  # noqa: E402
+from scripts.report.tables import Reading, appendix, markdown_report, seeds_text  # noqa: E402
 from scripts.report.width import WIDTH_KEY, plot_width  # noqa: E402
 
 
@@ -346,8 +346,8 @@ def chosen_curves(lr_runs: list, reading) -> tuple[dict, str, list[str]]:
 
 
 def seeds_of(runs: list) -> str:
-    seeds = sorted({str(r.seed) for r in runs}, key=lambda s: (len(s), s))
-    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+    seeds = {str(r.seed) for r in runs}
+    return f"seed{'s' if len(seeds) > 1 else ''} {seeds_text(seeds)}"
 
 
 def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], list[str]]:

@@ -108,10 +108,9 @@ def chance(groups) -> Optional[float]:
 
 def chance_loss(groups) -> dict[str, float]:
     """{"chance ln N =": ln N}, a guess's loss, where every run is a recall run of chance 1/N."""
-    runs = [r for g in groups.values() for r in g]
-    if not runs or not all(r.recall for r in runs) or chance(groups) is None:
-        return {}
-    return {f"chance ln {1 / chance(groups):g} =": math.log(1 / chance(groups))}
+    if not all(r.recall for g in groups.values() for r in g) or (c := chance(groups)) is None:
+        return {}   # (no runs: no chance level either)
+    return {f"chance ln {1 / c:g} =": math.log(1 / c)}
 
 
 def plot_losses(frame: Frame, groups: dict):
@@ -130,7 +129,7 @@ def plot_accuracy(frame: Frame, groups: dict):
     groups = {k: g for k, g in ((k, [r for r in g if r.recall]) for k, g in groups.items()) if g}
     if not groups:
         return None
-    lines = {"solved": SOLVED_ACCURACY, **({"chance": chance(groups)} if chance(groups) else {})}
+    lines = {"solved": SOLVED_ACCURACY, **({"chance": c} if (c := chance(groups)) else {})}
     return step_curves(frame, groups, lambda r: eval_series(r, "val_accuracy", None),
                        ("val accuracy", SHARE, lines, False),
                        "Validation accuracy on the fixed sampled batches")

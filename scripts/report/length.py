@@ -141,7 +141,7 @@ def plot_lookup(frame, runs: list):
     groups = {k: g for k, g in group_runs(runs).items() if columns(g, WEIGHT)}
     rows = [("weight on the right key\n(its best head)", lambda r: series(r, WEIGHT), SHARE, True),
             ("accuracy", lambda r: series(r, "accuracy"), SHARE, False,
-             {"chance": chance(groups)} if chance(groups) else {})]
+             {"chance": c} if (c := chance(groups)) else {})]
     frame = replace(frame, arms=length_arms(frame.arms))
     return stat_grid(frame, groups, rows, "Lookup past the training length, on the evaluation"
                      " rows of each n; dashed: the registered prediction e^D / (e^D + n − 1), D"
@@ -151,10 +151,9 @@ def plot_lookup(frame, runs: list):
 
 def prediction(frame, ax, row: int, members: dict) -> None:
     """The mean over the baseline's runs at the fixed factor of their predicted weight."""
-    for key, group in members.items() if row == 0 else ():
-        agg = style.aggregate([series(r, WEIGHT, lambda r, n, _: predicted(r, n))
-                               for r in group], log=True)
-        if is_reference(key, group, frame.baseline) and agg is not None:
+    for key, group in members.items() if row == 0 else ():   # the reference arm's only
+        if is_reference(key, group, frame.baseline) and (agg := style.aggregate([series(
+                r, WEIGHT, lambda r, n, _: predicted(r, n)) for r in group], log=True)):
             ax.plot(*agg[:2], color=frame.looks[frame.arms.name(key)][0], ls="--", lw=1.2,
                     label=f"prediction for {frame.arms.name(key)}")
 

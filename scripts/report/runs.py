@@ -9,6 +9,7 @@ import math
 import os
 import statistics
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
@@ -106,7 +107,7 @@ class RunRecord:
 
     lr = property(lambda self: math.nan if (lr := self.setting(LR_KEY)) is None else float(lr))
 
-    @property
+    @cached_property   # read per cell by the length tables and figures
     def lengths(self) -> dict:
         """summary.json's "length_eval" as runs.csv's columns: len{n}_{field} and, per position
         bucket lo-hi, len{n}_b{lo}_{hi}_{field} (docs/report.md, "Length runs")."""

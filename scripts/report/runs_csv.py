@@ -9,6 +9,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
@@ -85,7 +86,7 @@ class CsvRun(RunRecord):
     loss_at_init = property(lambda self: self.row["init_val_loss"])
     steps_to_90 = property(lambda self: self.row.get("steps_to_90"))
     trained_length = property(lambda self: self.row.get("trained_length"))
-    lengths = property(lambda self: {c: v for c, v in self.row.items()
+    lengths = cached_property(lambda self: {c: v for c, v in self.row.items()
                                      if LENGTH_COLUMN.match(c) and v is not None})
 
 
