@@ -72,8 +72,7 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
             step += 1
             check = is_check_step(step, train_cfg) or (compute.world == 1 and stop.signum > 0)
             lr = state.scheduler.get_last_lr()[0]
-            loss, grad_norm, diagnostics = train_step(state, compute, optim_cfg, train_cfg,
-                                                      diagnose=check)
+            loss, grad_norm, records = train_step(state, compute, optim_cfg, train_cfg, check)
             nonfinite += (~torch.isfinite(loss)).float()
             bar.update(1)
             if not check:   # host-device syncs only at check steps
@@ -86,7 +85,7 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
                 break
             out.log({"kind": "train", "step": step, "loss": loss, "lr": lr,
                      "tokens_per_sec": tokens_per_sec, "grad_norm": grad_norm.item(),
-                     **diagnostics.record()})
+                     **records})
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
             if step % train_cfg.eval_every == 0 or step == train_cfg.max_steps:
                 evaluate_and_log(run, out, step, lr, tokens_per_sec)

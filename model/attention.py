@@ -27,7 +27,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from model import diagnostics
 from model.config import SCALES, GPTConfig
 
 
@@ -82,14 +81,6 @@ def attention_weights(logits: Tensor, mask: Optional[Mask] = None) -> Tensor:
         return logits.softmax(dim=-1)
     weights = logits.masked_fill(~mask.attend, float("-inf")).softmax(dim=-1)  # (B, H, T, T)
     return mask.zero_empty_rows(weights)
-
-
-class Explained(NamedTuple):
-    """MultiHeadAttention.explain: the output and what the explicit path saw on the way."""
-
-    y: Tensor  # (B, T, C), as forward returns it
-    weights: Tensor  # (B, H, T, T) softmax weights, before dropout
-    stats: dict[str, Tensor]  # per-head statistics, each (H,) (model/diagnostics.py)
 
 
 class MultiHeadAttention(nn.Module):
@@ -148,18 +139,6 @@ class MultiHeadAttention(nn.Module):
             y = self.explicit(q, k, v, mask)[0]  # 3. softmax(Q K^T * s + M) V, step by step
         return self.merge_heads(y)  # 4. (B, H, T, D) -> (B, T, C)
 
-    def explain(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
-                attn_mask: Optional[Tensor] = None) -> Explained:
-        """forward by the explicit path, with the weights and statistics (model/diagnostics.py)."""
-        q, k, v = self.split_heads(x)  # (B, H, T, D) each
-        mask = build_mask(x, causal, valid_mask, attn_mask)
-        gq = q if self.length is None else self.length(q, mask, causal)  # q * g(n) per row
-        y, weights, logits = self.explicit(gq, k, v, mask)
-        stats = diagnostics.attention_stats(q, k, logits, weights,
-                                            None if mask is None else (mask.allowed, mask.row_ok),
-                                            valid_mask)
-        return Explained(self.merge_heads(y), weights, stats)
-
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) -> q, k, v, each (B, H, T, D): Q = x W_q, K = x W_k, V = x W_v, split
         into heads, then (qk_norm) the norms, then (model.pos=rope) q and k turned."""
@@ -202,7 +181,3 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=causal and mask is None, scale=s)  # (B, H, T, D)
         return y if mask is None else mask.zero_empty_rows(y)
-
-    def qk_grad_norms(self) -> tuple[float, float]:
-        """L2 norms of the q and k projections' gradients (diagnostics.qk_grad_norms)."""
-        return diagnostics.qk_grad_norms(self.q_proj, self.k_proj)

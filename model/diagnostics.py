@@ -1,13 +1,56 @@
-"""Diagnostics of attention: per-head statistics of one forward, in float32 from detached tensors,
-and q/k gradient norms. Dimension letters: B batch, T time, H heads, D head width (d_head)."""
+"""Diagnostics of attention (trainer.diagnostics): the weights and per-head statistics of one
+forward by the explicit path, in float32 from detached tensors, and q/k gradient norms.
+Dimension letters: B batch, T time, H heads, D head width (d_head)."""
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
-import torch.nn as nn
 from torch import Tensor
 
+from model.attention import MultiHeadAttention, build_mask
 from model.config import SATURATION_THRESHOLD
+from model.gpt import GPT, eval_mode
+
+
+class Explained(NamedTuple):
+    """explain's answer: the output and what the explicit path saw on the way."""
+
+    y: Tensor  # (B, T, C), as forward returns it
+    weights: Tensor  # (B, H, T, T) softmax weights, before dropout
+    stats: dict[str, Tensor]  # per-head statistics, each (H,) (attention_stats)
+
+
+def explain(attn: MultiHeadAttention, x: Tensor, *, causal: bool = True,
+            valid_mask: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None) -> Explained:
+    """attn's forward by the explicit path, with the weights and statistics."""
+    q, k, v = attn.split_heads(x)  # (B, H, T, D) each
+    mask = build_mask(x, causal, valid_mask, attn_mask)
+    gq = q if attn.length is None else attn.length(q, mask, causal)  # q * g(n) per row
+    y, weights, logits = attn.explicit(gq, k, v, mask)
+    stats = attention_stats(q, k, logits, weights,
+                            None if mask is None else (mask.allowed, mask.row_ok), valid_mask)
+    return Explained(attn.merge_heads(y), weights, stats)
+
+
+@torch.no_grad()
+def layer_stats(model: GPT, idx: Tensor, valid_mask: Optional[Tensor] = None
+                ) -> list[dict[str, Tensor]]:
+    """Per layer, attention_stats on that layer's own input, in eval mode, so that dropout
+    neither changes them nor draws random numbers: a pre-hook explains each attention call."""
+    stats = []
+
+    def hook(attn, args, kwargs):
+        stats.append(explain(attn, *args, **kwargs).stats)
+
+    handles = [block.attn.register_forward_pre_hook(hook, with_kwargs=True)
+               for block in model.blocks]
+    try:
+        with eval_mode(model):
+            model.trunk(idx, valid_mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return stats
 
 
 def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
@@ -62,10 +105,10 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
     }
 
 
-def qk_grad_norms(q_proj: nn.Linear, k_proj: nn.Linear) -> tuple[float, float]:
+def qk_grad_norms(attn: MultiHeadAttention) -> tuple[float, float]:
     """L2 norms of W_q's and W_k's gradients (weight and bias together; one host sync), or
     (0.0, 0.0) before any backward pass."""
-    grads = [[p.grad for p in proj.parameters()] for proj in (q_proj, k_proj)]
+    grads = [[p.grad for p in proj.parameters()] for proj in (attn.q_proj, attn.k_proj)]
     if any(g is None for gs in grads for g in gs):
         return 0.0, 0.0
     sq = [sum(g.float().square().sum() for g in gs) for gs in grads]

@@ -98,10 +98,8 @@ class GPT(nn.Module):
     def attention_name(self) -> str:   # for the run's start line
         return type(self.blocks[0].attn).__name__
 
-    def trunk(self, idx: Tensor, valid_mask: Optional[Tensor] = None,
-              stats: Optional[list[dict[str, Tensor]]] = None) -> Tensor:
-        """Embeddings and blocks: idx (B, T) -> x (B, T, C), before the final LayerNorm. With a
-        list `stats`, appends each layer's attention statistics (an extra explicit pass)."""
+    def trunk(self, idx: Tensor, valid_mask: Optional[Tensor] = None) -> Tensor:
+        """Embeddings and blocks: idx (B, T) -> x (B, T, C), before the final LayerNorm."""
         T = idx.size(1)
         if T > self.config.block_size and self.wpe is not None:   # rope and nope have no table
             raise ValueError(f"sequence length {T} exceeds model.block_size="
@@ -112,8 +110,6 @@ class GPT(nn.Module):
                else (valid_mask.long().cumsum(dim=1) - 1).clamp(min=0))  # (B, T)
         x = self.drop(self.wte(idx) if self.wpe is None else self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
-            if stats is not None:
-                stats.append(block.attn.explain(block.ln_1(x), valid_mask=valid_mask).stats)
             x = block(x, valid_mask)
         return x
 
@@ -131,16 +127,6 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
                                    ignore_index=IGNORE_INDEX, reduction=reduction)
         return logits.float(), loss
-
-    @torch.no_grad()
-    def attention_stats(self, idx: Tensor, valid_mask: Optional[Tensor] = None
-                        ) -> list[dict[str, Tensor]]:
-        """Per layer, model/diagnostics.py's statistics, each (H,), from the explicit path; in
-        eval mode, so that dropout neither changes them nor draws random numbers."""
-        stats = []
-        with eval_mode(self):
-            self.trunk(idx, valid_mask, stats)
-        return stats
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,

@@ -6,7 +6,8 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from functools import partial
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -68,11 +69,10 @@ class Progress:
         return improved
 
 
-class LossTerm(Protocol):
-    """A term added to each micro-batch's summed cross-entropy (trainer.z_loss)."""
-
-    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
-    def step_sum(self) -> torch.Tensor: ...   # this process's terms of the step so far, summed
+# A term added to each micro-batch's summed cross-entropy: f(logits, targets)
+LossTerm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# At a check step, after clipping: f(the step's real targets) -> fields of its train record
+StepRecord = Callable[[torch.Tensor], dict]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,7 @@ class StepHooks:
 
     loss_term: Optional[LossTerm] = None              # trainer.z_loss: trainer/z_loss.py
     after_step: tuple[Callable[[], None], ...] = ()   # after AdamW: optim.qk_clip's clip
+    records: tuple[StepRecord, ...] = ()              # trainer.diagnostics, trainer.z_loss
 
 
 @dataclass
@@ -134,7 +135,7 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
     eval_batches, batcher = data.batches(shape, train_cfg.eval_iters, train_cfg.seed)
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg, attention_class(model_cfg.attn_impl, amp, device)).to(device)
-    hooks = step_hooks(model, optim_cfg.qk_clip, train_cfg.z_loss)
+    hooks = step_hooks(model, optim_cfg.qk_clip, train_cfg)
     wrapped = torch.compile(model) if train_cfg.compile else model
     if shape.world > 1:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
@@ -148,17 +149,21 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
     return Run(config, compute, state, data, eval_batches, prompts)
 
 
-def step_hooks(model: GPT, qk_clip: Optional[float], z_loss: float) -> StepHooks:
-    """trainer.z_loss's and optim.qk_clip's hooks, each loaded only when named."""
-    loss_term, after_step = None, ()
-    if z_loss:
+def step_hooks(model: GPT, qk_clip: Optional[float], train_cfg: TrainerConfig) -> StepHooks:
+    """trainer.z_loss's, optim.qk_clip's and trainer.diagnostics' hooks, each loaded only when
+    named."""
+    loss_term, after_step, records = None, (), ()
+    if train_cfg.z_loss:
         from trainer.z_loss import ZLoss
-        loss_term = ZLoss(z_loss)
-        after_step = (loss_term.clear,)
+        loss_term = ZLoss(train_cfg.z_loss)
+        after_step, records = (loss_term.clear,), (loss_term.record,)
     if qk_clip is not None:
         from trainer.qk_clip import setup
         after_step = (*after_step, setup(model, qk_clip))
-    return StepHooks(loss_term, after_step)
+    if train_cfg.diagnostics:
+        from trainer.diagnose import grad_record
+        records = (partial(grad_record, model), *records)
+    return StepHooks(loss_term, after_step, records)
 
 
 def attention_class(attn_impl: str, amp: Optional[torch.dtype],

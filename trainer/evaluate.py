@@ -1,4 +1,4 @@
-"""Evaluation: losses on fixed batches, attention diagnostics, the whole-split score, samples.
+"""Evaluation: losses on fixed batches, the whole-split score, samples.
 Losses are means over the real targets of all processes; evaluating runs in eval mode and draws
 no random numbers, so it never changes what training does."""
 
@@ -13,7 +13,7 @@ import torch
 
 from data.batching import BatchShape
 from model.config import IGNORE_INDEX
-from model.gpt import GPT, eval_mode
+from model.gpt import eval_mode
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum
 from trainer.step import to_device
@@ -41,26 +41,8 @@ def estimate(model: torch.nn.Module, batches, autocast: AbstractContextManager,
     return loss_sum / count, correct / count, int(count)
 
 
-def attention_record(model: GPT, batch, device: torch.device) -> dict:
-    """The attention diagnostics of `batch` per layer (docs/training.md, "Evaluation");
-    `attn_heads` keeps every head, so that a saturating one is not averaged away."""
-    idx, _, valid = to_device(batch, device)
-    stats = model.attention_stats(idx, valid)
-    heads = {key: [s[key].tolist() for s in stats] for key in stats[0]}
-    if model.config.scaling.name == "learned":
-        heads["scale"] = [block.attn.log_scale.detach().exp().tolist() for block in model.blocks]
-    if hasattr(model.blocks[0].attn, "qk_clip_count"):   # optim.qk_clip: clips so far per head
-        heads["qk_clip_count"] = [block.attn.qk_clip_count.tolist() for block in model.blocks]
-    return {"attn_entropy": [s["entropy"].mean().item() for s in stats],
-            "attn_max_logit": [s["max_logit"].max().item() for s in stats],
-            "attn_saturated": [s["saturated"].mean().item() for s in stats],
-            "attn_raw_var": [s["raw_var"].mean().item() for s in stats],
-            "attn_raw_max_logit": [s["raw_max_logit"].max().item() for s in stats],
-            "attn_heads": heads}
-
-
 def evaluate(run: Run, step: int, lr: float, tokens_per_sec: Optional[float]) -> dict:
-    """The eval record of `step`: fixed-batch losses, and on rank 0 attention diagnostics."""
+    """The eval record of `step`: fixed-batch losses; trainer.diagnostics: on rank 0 attention's."""
     model, compute = run.state.model, run.compute
     (val_loss, accuracy, _), (train_loss, _, _) = (
         estimate(model, run.eval_batches[split], compute.autocast, compute.device)
@@ -68,7 +50,8 @@ def evaluate(run: Run, step: int, lr: float, tokens_per_sec: Optional[float]) ->
     record = {"kind": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss,
               "val_bpb": run.data.val_bpb(val_loss), "lr": lr, "tokens_per_sec": tokens_per_sec}
     record.update(run.data.accuracy("val_accuracy", accuracy))
-    if compute.rank == 0:
+    if compute.rank == 0 and run.config.train_cfg.diagnostics:
+        from trainer.diagnose import attention_record
         record.update(attention_record(model, run.eval_batches["val"][0], compute.device))
     return record
 

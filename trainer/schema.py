@@ -92,6 +92,9 @@ class TrainerConfig:
     # After training, the loss with windows of each length (trainer/long_eval.py; pairs for
     # data.task=kv); [] = none
     eval_lengths: list[int] = field(default_factory=list)
+    # The attention statistics of each evaluation and W_q's and W_k's gradient norms at each
+    # check step (trainer/diagnose.py)
+    diagnostics: bool = False
     # z-loss coefficient (PaLM: 1e-4): z_loss * mean (log Z)^2 of the output softmax joins the
     # training loss (trainer/z_loss.py); 0 = off
     z_loss: float = 0.0

@@ -4,8 +4,6 @@ targets, so the step does not depend on padding or on how the batch is split ove
 
 import math
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
-from typing import Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -13,23 +11,8 @@ from torch.nn.utils import clip_grad_norm_
 
 from data.batching import Batch, Sampler
 from model.config import IGNORE_INDEX
-from trainer.build import Compute, LossTerm, TrainState, all_reduce_sum
+from trainer.build import Compute, TrainState, all_reduce_sum
 from trainer.schema import OptimConfig, TrainerConfig
-
-
-@dataclass(frozen=True)
-class Diagnostics:
-    """A check step's train record fields: W_q's and W_k's gradient norms after clipping (mean
-    over layers, and per layer), and under trainer.z_loss the z term's share of the loss."""
-
-    q_grad_norm: float
-    k_grad_norm: float
-    q_grad_norm_layers: list[float]
-    k_grad_norm_layers: list[float]
-    z_term: Optional[float] = None
-
-    def record(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def to_device(batch: Batch, device: torch.device):
@@ -55,9 +38,9 @@ def accumulating(wrapped: torch.nn.Module, last: bool) -> AbstractContextManager
 
 
 def train_step(state: TrainState, compute: Compute, optim_cfg: OptimConfig,
-               train_cfg: TrainerConfig, diagnose: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, Optional[Diagnostics]]:
-    """This process's loss share, the gradient norm before clipping; Diagnostics when asked."""
+               train_cfg: TrainerConfig, check: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """This process's loss share, the gradient norm before clipping, a check step's records."""
     batches = next_batches(state.batcher, train_cfg.grad_accum, compute.device)
     n_targets = count_targets(batches)
     scale = compute.world / n_targets   # DDP averages gradients over processes: undone here
@@ -71,18 +54,12 @@ def train_step(state: TrainState, compute: Compute, optim_cfg: OptimConfig,
         loss_sum += loss.detach().float()
     state.scaler.unscale_(state.optimizer)
     grad_norm = clip_grad_norm_(state.model.parameters(), optim_cfg.grad_clip or math.inf)
-    diagnostics = diagnose_step(state.model, hooks.loss_term, n_targets) if diagnose else None
+    record = {k: v for hook in hooks.records for k, v in hook(n_targets).items()} if check else {}
     state.scaler.step(state.optimizer)
     state.scaler.update()
     for hook in hooks.after_step:
         hook()
     state.scheduler.step()
     state.optimizer.zero_grad(set_to_none=True)
-    return loss_sum / n_targets, grad_norm, diagnostics
+    return loss_sum / n_targets, grad_norm, record
 
-
-def diagnose_step(model: torch.nn.Module, loss_term: Optional[LossTerm],
-                  n_targets: torch.Tensor) -> Diagnostics:
-    q, k = zip(*(block.attn.qk_grad_norms() for block in model.blocks))
-    z = None if loss_term is None else all_reduce_sum(loss_term.step_sum() / n_targets).item()
-    return Diagnostics(sum(q) / len(q), sum(k) / len(k), list(q), list(k), z)

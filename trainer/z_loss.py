@@ -6,6 +6,7 @@ record "z_term").
 """
 
 import torch
+import torch.distributed as dist
 
 from model.config import IGNORE_INDEX
 
@@ -18,7 +19,7 @@ def z_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 class ZLoss:
     """The loss term (trainer/build.py's LossTerm) at weight w. It keeps the sum of the step's
-    terms for the step's record; `clear`, a hook after each step, starts the next step's."""
+    terms for `record`; `clear`, a hook after each step, starts the next step's."""
 
     def __init__(self, weight: float):
         self.weight, self.total = weight, torch.zeros(())
@@ -29,8 +30,12 @@ class ZLoss:
         self.total = self.total + z.detach()
         return z
 
-    def step_sum(self) -> torch.Tensor:
-        return self.total
+    def record(self, n_targets: torch.Tensor) -> dict:
+        """A check step's hook: the step's z term per real target, summed over processes."""
+        z = self.total.to(n_targets.device) / n_targets
+        if dist.is_initialized():
+            dist.all_reduce(z)
+        return {"z_term": z.item()}
 
     def clear(self) -> None:
         self.total = torch.zeros(())

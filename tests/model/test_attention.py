@@ -18,6 +18,7 @@ from model import attention
 from model.attention import MultiHeadAttention, attention_weights
 from model.config import SCALINGS, GPTConfig, ScalingConfig
 from model.cpu_autocast import CPUAutocastAttention
+from model.diagnostics import explain, qk_grad_norms
 from model.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -221,7 +222,7 @@ def test_auto_uses_sdpa_unless_explained_or_softcap(monkeypatch):
     mha(x)
     mha(x, valid_mask=valid)
     assert calls == [(False, True, 0.5), (True, False, 0.5)]  # d_head 4: scale 1/2
-    mha.explain(x)
+    explain(mha, x)
     make_mha(attn_impl="auto", softcap=5.0)(x)
     assert len(calls) == 2
     make_mha("learned", attn_impl="sdpa")(x)
@@ -255,7 +256,7 @@ def test_sqrt_dk_equals_torch_multihead_attention(mode):
         y = mha(x, causal=causal, valid_mask=valid)
         real = valid[:, :, None].expand_as(y)
         assert (y - y_ref)[real].abs().max() <= ATOL
-    info = mha.explain(x, causal=causal, valid_mask=valid)
+    info = explain(mha, x, causal=causal, valid_mask=valid)
     assert (info.weights - w_ref)[valid[:, None, :, None].expand_as(w_ref)].abs().max() <= ATOL
 
 
@@ -300,7 +301,7 @@ def test_logits_are_qk_times_the_variant_factor(name):
             q = nn.functional.layer_norm(q, (D_HEAD,), mha.q_norm.weight, eps=1e-5)
             k = nn.functional.layer_norm(k, (D_HEAD,), mha.k_norm.weight, eps=1e-5)
         logits = (q @ k.transpose(-2, -1)) * factor  # (B, H, T, T)
-        info = mha.explain(x, causal=False)
+        info = explain(mha, x, causal=False)
     assert (info.weights - logits.softmax(-1)).abs().max() <= ATOL
     assert info.stats["max_logit"] == pytest.approx(logits.abs().amax(dim=(0, 2, 3)), rel=1e-5)
 
@@ -340,8 +341,8 @@ def test_qk_norm_rmsnorm_and_learned_gradients():
 def test_softcap_bounds_logits():
     mha = make_mha("none", softcap=2.0)
     x = 10.0 * torch.randn(2, 7, 12, generator=torch.Generator().manual_seed(0))
-    info = mha.explain(x)
-    uncapped = make_mha("none").explain(x).stats["max_logit"]
+    info = explain(mha, x)
+    uncapped = explain(make_mha("none"), x).stats["max_logit"]
     assert (uncapped > 4.0).all()  # the cap matters here
     assert (info.stats["max_logit"] <= 2.0).all()
     expected = 2.0 * torch.tanh(uncapped / 2.0)
@@ -403,7 +404,7 @@ def test_softcap_weights_cap_after_the_scale_and_before_the_mask():
     raw, logits = logits_by_hand(mha, x)
     assert (raw / 4).abs().max() > 4 * 2.0  # the scaled logits reach well past the cap
     expected = logits.masked_fill(~allowed, float("-inf")).softmax(-1)  # (B, H, T, T)
-    info = mha.explain(x, valid_mask=valid)
+    info = explain(mha, x, valid_mask=valid)
     got, want = (w.transpose(0, 1)[:, valid] for w in (info.weights, expected))  # (H, rows, T)
     assert (got - want).abs().max() <= 1e-12
 
@@ -443,7 +444,7 @@ def test_qk_norm_rmsnorm_by_hand(impl):
     y = y @ mha.proj.weight.T + mha.proj.bias
     assert (mha(x) - y).abs().max() <= 1e-10
     if impl == "explicit":
-        info = mha.explain(x)
+        info = explain(mha, x)
         assert (info.weights - weights).abs().max() <= 1e-12
 
 
@@ -468,7 +469,7 @@ def worked_weights(scores, name, d_head, divisor=8.0):
         mha.q_proj.weight[0, 0] = 1.0
         mha.k_proj.weight[0, 1] = 1.0
     x = torch.tensor([[[1.0, s] for s in scores]], dtype=torch.float64)
-    info = mha.double().explain(x, causal=False)
+    info = explain(mha.double(), x, causal=False)
     return info.weights[0, 0, 0]
 
 
@@ -496,7 +497,7 @@ def test_science_example_vectors_give_scores_3_1_minus_1():
             p.weight.copy_(torch.eye(3))
             p.bias.zero_()
     x = torch.tensor([[[1.0, 1, 1], [1, 0, 0], [-1, 0, 0]]])
-    info = mha.explain(x, causal=False)
+    info = explain(mha, x, causal=False)
     assert info.weights[0, 0, 0].tolist() == pytest.approx([0.86681, 0.11731, 0.01588], abs=1e-5)
 
 
@@ -589,7 +590,7 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(impl, dtype):
     assert x.grad.isfinite().all() and x.grad[0, 2:].abs().sum() > 0
     assert all(p.grad.isfinite().all() for p in mha.parameters())
     if impl == "explicit":
-        info = mha.explain(x, causal=True, valid_mask=valid)
+        info = explain(mha, x, causal=True, valid_mask=valid)
         assert torch.equal(info.weights[0, :, :2], torch.zeros_like(info.weights[0, :, :2]))
         assert torch.equal(info.weights[1], torch.zeros_like(info.weights[1]))
 
@@ -609,7 +610,7 @@ def test_fp16_prescaled_q_does_not_overflow(impl):
     y = mha(x)
     assert y.isfinite().all()
     if impl == "explicit":
-        info = mha.explain(x, causal=False)
+        info = explain(mha, x, causal=False)
         assert torch.allclose(info.weights.float(), torch.full((1, 1, 3, 3), 1 / 3), atol=1e-3)
         assert info.stats["max_logit"].item() == 12800
 
@@ -632,7 +633,7 @@ def test_attention_dropout_in_both_paths(impl):
 
 def test_returned_weights_are_before_dropout():
     mha = make_mha(dropout=0.5).train()
-    info = mha.explain(torch.randn(2, 5, 12))
+    info = explain(mha, torch.randn(2, 5, 12))
     assert torch.allclose(info.weights.sum(-1), torch.ones(2, 3, 5))
 
 
@@ -644,7 +645,7 @@ def test_stats_on_uniform_causal_attention():
         mha.q_proj.weight.zero_()
         mha.q_proj.bias.zero_()
     valid = torch.tensor([[True] * T, [False, False, True, True, True]])
-    info = mha.explain(torch.randn(2, T, 12), valid_mask=valid)
+    info = explain(mha, torch.randn(2, T, 12), valid_mask=valid)
     # real rows: batch 0 has t + 1 keys at t = 0..4, batch 1 (left-padded) 1..3 keys
     entropies = [math.log(n) for n in (1, 2, 3, 4, 5, 1, 2, 3)]
     assert info.stats["entropy"] == pytest.approx([sum(entropies) / 8] * 3, rel=1e-6)
@@ -660,7 +661,7 @@ def test_stats_match_returned_weights_with_padding():
     valid = torch.ones(3, 7, dtype=torch.bool)
     valid[1, :4] = False
     with torch.no_grad():
-        info = mha.explain(x, valid_mask=valid)
+        info = explain(mha, x, valid_mask=valid)
     w = info.weights.permute(1, 0, 2, 3)[:, valid]  # (H, real rows, T)
     entropy = -(w * w.clamp_min(1e-30).log()).sum(-1).mean(-1)
     assert info.stats["entropy"] == pytest.approx(entropy, rel=1e-5)
@@ -689,7 +690,7 @@ def test_attention_dropout_drops_weights(impl):
         mha.proj.weight.copy_(torch.eye(T))
         mha.proj.bias.zero_()
     x = torch.eye(T, dtype=torch.float64).expand(B, T, T)
-    info = mha.eval().explain(x)
+    info = explain(mha.eval(), x)
     w = info.weights[:, 0]  # (B, T, T), no dropout in evaluation
     torch.manual_seed(3)
     dropped = mha.train()(x) @ rotation  # (B, T, T) = dropped weights
@@ -707,7 +708,7 @@ def test_max_logit_counts_real_query_rows_only():
     x, valid, allowed = causal_padded_input()
     x = x.float()
     x[~valid] *= 50.0  # padded queries get the largest logits
-    info = mha.explain(x, valid_mask=valid)
+    info = explain(mha, x, valid_mask=valid)
     with torch.no_grad():
         _, logits = logits_by_hand(mha, x)
     real = allowed & valid[:, None, :, None]  # (B, 1, T, T)
@@ -756,7 +757,7 @@ def test_stats_by_hand_whatever_attn_impl(name, softcap, impl):
     mha = make_mha(name, d_model=12, n_head=3, d_head=4, attn_impl=impl, softcap=softcap)
     x, valid, allowed = causal_padded_input(amplitude=4.0)
     x = x.float()
-    info = mha.explain(x, valid_mask=valid)
+    info = explain(mha, x, valid_mask=valid)
     expected = stats_by_hand(mha.double(), x.double(), valid, allowed)
     assert 0 < min(expected["saturated"]) and max(expected["saturated"]) < 1
     assert set(info.stats) == set(expected)
@@ -771,7 +772,7 @@ def test_raw_stats_do_not_depend_on_the_scale():
     x, valid, _ = causal_padded_input()
     stats = {}
     for name in ("none", "sqrt_dk", "dk"):
-        info = make_mha(name, d_head=4).explain(x.float(), valid_mask=valid)
+        info = explain(make_mha(name, d_head=4), x.float(), valid_mask=valid)
         stats[name] = info.stats
     for name, s in (("sqrt_dk", 0.5), ("dk", 0.25)):
         for key in ("raw_var", "raw_max_logit"):
@@ -782,9 +783,9 @@ def test_raw_stats_do_not_depend_on_the_scale():
 
 def test_qk_grad_norms():
     mha = make_mha()
-    assert mha.q_proj.weight.grad is None and mha.qk_grad_norms() == (0.0, 0.0)
+    assert mha.q_proj.weight.grad is None and qk_grad_norms(mha) == (0.0, 0.0)
     mha(torch.randn(2, 6, 12)).square().sum().backward()
-    q, k = mha.qk_grad_norms()
+    q, k = qk_grad_norms(mha)
     for norm, p in ((q, mha.q_proj), (k, mha.k_proj)):  # weight and bias together
         grad = torch.cat([p.weight.grad.flatten(), p.bias.grad])
         assert norm == pytest.approx(grad.norm().item())
@@ -792,7 +793,7 @@ def test_qk_grad_norms():
     # T = 1: softmax over one key is constant, so q and k get no gradient while v does
     mha.zero_grad()
     mha(torch.randn(2, 1, 12)).square().sum().backward()
-    assert mha.qk_grad_norms() == (0.0, 0.0)
+    assert qk_grad_norms(mha) == (0.0, 0.0)
     assert mha.v_proj.weight.grad.abs().sum() > 0
 
 

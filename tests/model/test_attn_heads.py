@@ -9,7 +9,7 @@ import torch
 from data.batching import Batch
 from model.config import GPTConfig, ScalingConfig
 from model.gpt import GPT
-from trainer.evaluate import attention_record
+from trainer.diagnose import attention_record
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

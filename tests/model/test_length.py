@@ -11,6 +11,7 @@ from test_attention import MASK_KINDS, mask_kwargs, run_both
 
 from model.attention import MultiHeadAttention, build_mask
 from model.config import LENGTHS, GPTConfig, ScalingConfig
+from model.diagnostics import explain
 from model.errors import ConfigError
 from model.length import LengthFactor, keys_per_row
 
@@ -67,8 +68,8 @@ def test_more_visible_keys_change_the_weights_on_the_same_keys(length):
         few = torch.zeros(1, 1, 12, 12, dtype=torch.bool)
         few[..., :3] = True
         many = torch.ones(1, 1, 12, 12, dtype=torch.bool)
-        w_few = mha.explain(x, causal=False, attn_mask=few).weights[0, :, -1, :3]
-        w_many = mha.explain(x, causal=False, attn_mask=many).weights[0, :, -1, :3]
+        w_few = explain(mha, x, causal=False, attn_mask=few).weights[0, :, -1, :3]
+        w_many = explain(mha, x, causal=False, attn_mask=many).weights[0, :, -1, :3]
         ratios[name] = (w_few / w_few.sum(-1, keepdim=True),
                         w_many / w_many.sum(-1, keepdim=True))
     assert torch.allclose(*ratios["fixed"], atol=1e-6)
@@ -102,7 +103,7 @@ def test_factored_q_gives_logits_g_times_s_times_qk():
     mha = length_layer("log_n", base=4)
     x = torch.randn(1, 9, 12)
     q, k, _ = mha.split_heads(x)
-    explained = mha.explain(x)
+    explained = explain(mha, x)
     n = torch.arange(1, 10).float()[:, None]
     by_hand = (n.log() / math.log(4)) * (q / 2.0) @ k.transpose(-2, -1)  # s=1/2
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
@@ -112,7 +113,7 @@ def test_factored_q_gives_logits_g_times_s_times_qk():
     expected = by_hand.masked_fill(~causal, 0).abs().amax(dim=(0, 2, 3))
     assert torch.allclose(explained.stats["max_logit"], expected, atol=1e-5)
     plain = length_layer("fixed", base=4)
-    assert not torch.allclose(plain.explain(x).stats["max_logit"], expected, atol=1e-3)
+    assert not torch.allclose(explain(plain, x).stats["max_logit"], expected, atol=1e-3)
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)

@@ -9,6 +9,7 @@ import torch
 from model.attention import MultiHeadAttention
 from model.config import IGNORE_INDEX, SCALINGS, GPTConfig, ScalingConfig
 from model.cpu_autocast import CPUAutocastAttention
+from model.diagnostics import explain, layer_stats, qk_grad_norms
 from model.errors import ConfigError, UserError
 from model.gpt import GPT
 
@@ -215,7 +216,7 @@ def test_attention_stats_are_each_layers_own_on_its_input():
     valid = torch.ones(3, 12, dtype=torch.bool)
     valid[1, :6] = False
     model = tiny()
-    stats = model.attention_stats(idx, valid)
+    stats = layer_stats(model, idx, valid)
     assert len(stats) == 2
     with torch.no_grad():
         pos = (valid.long().cumsum(1) - 1).clamp(min=0)
@@ -224,12 +225,12 @@ def test_attention_stats_are_each_layers_own_on_its_input():
             assert set(layer) == {"entropy", "entropy_norm", "max_logit", "saturated",
                                   "raw_var", "raw_max_logit", "q_norm", "k_norm"}
             assert all(v.shape == (2,) and v.isfinite().all() for v in layer.values())
-            info = block.attn.explain(block.ln_1(x), causal=True, valid_mask=valid)
+            info = explain(block.attn, block.ln_1(x), causal=True, valid_mask=valid)
             for key in info.stats:
                 assert torch.allclose(layer[key], info.stats[key], atol=1e-6), key
             x = block(x, valid)
     # the mask reaches every layer: without it the padded row changes the statistics
-    unmasked = model.attention_stats(idx)
+    unmasked = layer_stats(model, idx)
     assert not torch.allclose(unmasked[1]["entropy"], stats[1]["entropy"])
 
 
@@ -238,11 +239,11 @@ def test_attention_stats_ignore_dropout_keep_rng_and_mode():
     draw nothing from the global RNG, and leave the model in training mode."""
     idx = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
     model = tiny(dropout=0.5)
-    reference = model.eval().attention_stats(idx)
+    reference = layer_stats(model.eval(), idx)
     model.train()
     torch.manual_seed(7)
     rng = torch.get_rng_state()
-    stats = model.attention_stats(idx)
+    stats = layer_stats(model, idx)
     assert model.training and all(m.training for m in model.modules())
     assert torch.equal(torch.get_rng_state(), rng)
     for a, b in zip(stats, reference, strict=True):
@@ -326,7 +327,7 @@ def test_qk_grad_norms_of_model_layers():
     model = tiny().train()
     idx = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     model(idx[:, :-1], idx[:, 1:])[1].backward()
-    norms = [block.attn.qk_grad_norms() for block in model.blocks]
+    norms = [qk_grad_norms(block.attn) for block in model.blocks]
     assert all(isinstance(block.attn, MultiHeadAttention) for block in model.blocks)
     assert all(q > 0 and k > 0 for q, k in norms)
 

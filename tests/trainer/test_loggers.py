@@ -90,7 +90,8 @@ def test_tensorboard_mirrors_every_record_summary_and_config(tiny_cfg, tmp_path)
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     run_dir = tmp_path / "run"
-    train.train(derive(tiny_cfg, ["logger.name=tensorboard"]), run_dir)   # logger=tensorboard
+    train.train(derive(tiny_cfg, ["logger.name=tensorboard", "trainer.diagnostics=true"]),
+                run_dir)
     events, got = tensorboard_scalars(run_dir)
     want = logger_expected(run_dir)
     assert set(got) == set(want)   # every record, layer and summary field; nothing else

@@ -11,6 +11,7 @@ import torch
 
 from model.attention import MultiHeadAttention
 from model.config import GPTConfig, ScalingConfig
+from model.diagnostics import explain
 from scripts.logit_step import FIELDS, measure, read_csv, saturated_share, scaled_scores, summary
 
 RECALL = ["data=recall", "model=recall", "trainer.max_steps=10", "trainer.device=cpu",
@@ -25,7 +26,7 @@ def test_scaled_scores_give_the_weights_of_the_explicit_path(scaling):
     x = torch.randn(2, 5, 32)
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     weights = scaled_scores(attn, x).masked_fill(~causal, float("-inf")).softmax(-1)
-    torch.testing.assert_close(weights, attn.explain(x).weights, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights, explain(attn, x).weights, rtol=1e-5, atol=1e-6)
 
 
 def test_saturated_share_counts_rows_with_two_or_more_keys_only():

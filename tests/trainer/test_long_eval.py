@@ -14,6 +14,7 @@ import train
 from data.config import DataConfig
 from data.recall import lookup_set
 from model.config import GPTConfig, ScalingConfig
+from model.diagnostics import explain
 from model.errors import ConfigError
 from model.gpt import GPT, eval_mode
 from trainer import long_eval
@@ -127,7 +128,7 @@ def test_lookup_weight_on_the_right_key_is_the_explicit_paths_last_row():
         x = model.drop(model.wte(inputs))
         weight = []
         for block in model.blocks:
-            w = block.attn.explain(block.ln_1(x)).weights[:, :, -1]  # (B, H, T): the query row
+            w = explain(block.attn, block.ln_1(x)).weights[:, :, -1]  # (B, H, T): the query row
             weight.append(w[torch.arange(7), :, right].mean(0))
             x = block(x)
     answer = targets[:, -1]

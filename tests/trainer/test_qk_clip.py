@@ -71,7 +71,7 @@ def step(model: GPT, tau: float = TAU) -> None:
     state = TrainState(model, model, optimizer,
                        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.0),
                        torch.amp.GradScaler("cpu", enabled=False), OneBatch(batch()),
-                       step_hooks(model, optim.qk_clip, 0.0))
+                       step_hooks(model, optim.qk_clip, TrainerConfig()))
     compute = Compute(0, 1, torch.device("cpu"), "fp32", nullcontext())
     train_step(state, compute, optim, TrainerConfig())
 

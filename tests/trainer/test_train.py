@@ -85,7 +85,8 @@ def test_z_loss_and_qk_clip_are_recorded(tiny_cfg, tiny_run, tmp_path):
     threshold below the tiny model's logits clips, and each eval record counts the clips per
     head (non-decreasing); the plain run has neither."""
     run_dir = tmp_path / "run"
-    train.train(derive(tiny_cfg, ["optim.qk_clip=0.05", "trainer.z_loss=1e-3"]), run_dir)
+    train.train(derive(tiny_cfg, ["optim.qk_clip=0.05", "trainer.z_loss=1e-3",
+                                  "trainer.diagnostics=true"]), run_dir)
     trains = records(run_dir, "train")
     assert all(r["z_term"] > 0 for r in trains) and len(trains) == 8
     counts = [r["attn_heads"]["qk_clip_count"] for r in records(run_dir, "eval")]
@@ -94,8 +95,35 @@ def test_z_loss_and_qk_clip_are_recorded(tiny_cfg, tiny_run, tmp_path):
                for a, b in zip(la, lb))
     plain = records(tiny_run[0], "train")
     assert "z_term" not in plain[0] and plain[0]["loss"] == trains[0]["loss"]   # step 1: same
-    assert "qk_clip_count" not in records(tiny_run[0], "eval")[0]["attn_heads"]
     assert plain[-1]["loss"] != trains[-1]["loss"]
+
+
+def test_diagnostics_are_recorded_and_change_nothing(tiny_cfg, tiny_run, tmp_path):
+    """trainer.diagnostics=true adds the q/k gradient norms to train records and the attention
+    statistics to eval records; every loss, and the samples, stay bit for bit the plain run's."""
+    run_dir = tmp_path / "run"
+    summary = train.train(derive(tiny_cfg, ["trainer.diagnostics=true"]), run_dir)
+    trains, evals = records(run_dir, "train"), records(run_dir, "eval")
+    assert set(trains[0]) >= {"q_grad_norm", "k_grad_norm", "q_grad_norm_layers",
+                              "k_grad_norm_layers"}
+    assert len(trains[0]["q_grad_norm_layers"]) == 2 and trains[0]["q_grad_norm"] > 0
+    for key in ("attn_entropy", "attn_max_logit", "attn_saturated", "attn_raw_var",
+                "attn_raw_max_logit"):
+        assert len(evals[-1][key]) == 2
+    assert [len(layer) for layer in evals[-1]["attn_heads"]["entropy"]] == [2, 2]
+    assert "qk_clip_count" not in evals[0]["attn_heads"]
+    # at initialisation q, k components have variance d_model * 0.02^2 (GPT-2's init on
+    # unit-variance LayerNorm output), so Var(q.k) / d_head is that squared
+    expected_raw_var = (32 * 0.02**2) ** 2
+    assert 0.5 < evals[0]["attn_raw_var"][0] / expected_raw_var < 2
+    # at initialisation attention is nearly uniform: entropy close to the mean of log(t+1)
+    uniform = sum(math.log(t + 1) for t in range(16)) / 16
+    assert abs(evals[0]["attn_entropy"][0] - uniform) < 0.1
+    plain_dir, plain = tiny_run
+    assert [r["loss"] for r in trains] == [r["loss"] for r in records(plain_dir, "train")]
+    assert [r["val_loss"] for r in evals] == [r["val_loss"] for r in records(plain_dir, "eval")]
+    assert summary["final_val_loss_full"] == plain["final_val_loss_full"]
+    assert (run_dir / "samples.txt").read_text() == (plain_dir / "samples.txt").read_text()
 
 
 def test_run_directory_contents(tiny_run):
@@ -114,20 +142,9 @@ def test_run_directory_contents(tiny_run):
     trains, evals = records(run_dir, "train"), records(run_dir, "eval")
     assert [r["step"] for r in trains] == list(range(1, 9))
     assert [r["step"] for r in evals] == [0, 4, 8]
-    assert set(trains[0]) >= {"loss", "lr", "tokens_per_sec", "grad_norm", "q_grad_norm",
-                              "k_grad_norm", "q_grad_norm_layers", "k_grad_norm_layers"}
-    assert len(trains[0]["q_grad_norm_layers"]) == 2 and trains[0]["q_grad_norm"] > 0
-    for key in ("attn_entropy", "attn_max_logit", "attn_saturated", "attn_raw_var",
-                "attn_raw_max_logit"):
-        assert len(evals[-1][key]) == 2
-    assert [len(layer) for layer in evals[-1]["attn_heads"]["entropy"]] == [2, 2]
-    # at initialisation q, k components have variance d_model * 0.02^2 (GPT-2's init on
-    # unit-variance LayerNorm output), so Var(q.k) / d_head is that squared
-    expected_raw_var = (32 * 0.02**2) ** 2
-    assert 0.5 < evals[0]["attn_raw_var"][0] / expected_raw_var < 2
-    # at initialisation attention is nearly uniform: entropy close to the mean of log(t+1)
-    uniform = sum(math.log(t + 1) for t in range(16)) / 16
-    assert abs(evals[0]["attn_entropy"][0] - uniform) < 0.1
+    assert set(trains[0]) == {"kind", "step", "loss", "lr", "tokens_per_sec", "grad_norm"}
+    assert set(evals[0]) == {"kind", "step", "train_loss", "val_loss", "val_bpb", "lr",
+                             "tokens_per_sec"}   # no diagnostics unless trainer.diagnostics
     assert evals[-1]["val_bpb"] == pytest.approx(
         evals[-1]["val_loss"] / math.log(2), rel=0.01)   # one byte per character here
     # warm-up to optim.lr at step 2, then cosine down to min_lr at max_steps

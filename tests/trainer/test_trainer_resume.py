@@ -81,7 +81,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_run, interrupted):
     ["data.packing=pad", "data.document=line", "trainer.grad_accum=2"],
     ["optim.qk_clip=0.05", "trainer.z_loss=1e-3"]])                # clip counts checkpointed
 def test_resume_is_bit_exact(tiny_cfg, tmp_path, monkeypatch, extra):
-    straight = tmp_path / "straight"
+    straight, extra = tmp_path / "straight", [*extra, "trainer.diagnostics=true"]
     train.train(derive(tiny_cfg, extra), straight)
     resumed = interrupted_then_resumed(derive(tiny_cfg, extra), tmp_path / "resumed",
                                        monkeypatch)
