@@ -28,7 +28,7 @@ from tqdm import tqdm
 from model.errors import UserError
 from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum, build, lr_at, process_rank
-from trainer.evaluate import describe, evaluate, evaluate_full, write_samples
+from trainer.evaluate import describe, evaluate, evaluate_full
 from trainer.files import display_path
 from trainer.job import Diverged, Interrupted, Job, StopSignal, exit_if_sweep_stopped
 from trainer.run_dir import RunDir, summarize
@@ -136,6 +136,7 @@ def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock",
     if full:
         out.say(describe(full))
     if run.compute.rank == 0 and not diverged and run.config.train_cfg.sample_prompts:
+        from trainer.samples import write_samples
         write_samples(run, out.path, out.best)
     run.state.progress.wall_s = clock.wall_s()
     summary = {**summarize(run, step, clock.tokens_per_sec(), diverged=diverged, full=full),

@@ -204,7 +204,7 @@ class RecallData:
 
     def encode(self, text: str) -> list[int]:
         raise DataError("The recall task has symbol ids, not text, so trainer.sample_prompts "
-                        "cannot be encoded; set trainer.sample_prompts=[] (trainer=recall does).")
+                        "cannot be encoded; leave trainer.sample_prompts at its default, [].")
 
     def decode(self, ids) -> str:
         return " ".join(str(int(i)) for i in ids)

@@ -15,7 +15,6 @@ from torch import Tensor
 
 from model.attention import MultiHeadAttention
 from model.config import IGNORE_INDEX, GPTConfig
-from model.errors import ConfigError
 
 INIT_STD = 0.02  # GPT-2's initial std of every weight matrix
 
@@ -127,44 +126,6 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
                                    ignore_index=IGNORE_INDEX, reduction=reduction)
         return logits.float(), loss
-
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None, pad_id: int = 0,
-                 generator: Optional[torch.Generator] = None) -> list[list[int]]:
-        """The max_new_tokens tokens that continue each prompt (left-padded with pad_id and
-        masked; cropped on the left to block_size). temperature 0 is greedy. Call eval() first."""
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ConfigError("generate() needs a prompt, and every prompt needs at least one "
-                              "token (start an empty one with end-of-text).")
-        if temperature < 0 or top_k is not None and top_k < 1:
-            raise ConfigError(f"temperature={temperature} must be >= 0 (0 means greedy) and "
-                              f"top_k={top_k} must be null or a positive integer.")
-        device, L = self.wte.weight.device, max(len(p) for p in prompts)
-        idx = torch.tensor([[pad_id] * (L - len(p)) + p for p in prompts], device=device)  # (B, L)
-        valid = torch.tensor([[False] * (L - len(p)) + [True] * len(p) for p in prompts],
-                             device=device)  # (B, L)
-        padded = any(len(p) != L for p in prompts)
-        for _ in range(max_new_tokens):
-            ctx, ctx_valid = idx[:, -self.config.block_size:], valid[:, -self.config.block_size:]
-            logits, _ = self(ctx, valid_mask=ctx_valid if padded else None)
-            next_id = self._pick(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
-            idx = torch.cat([idx, next_id], dim=1)
-            valid = torch.cat([valid, torch.ones_like(next_id, dtype=torch.bool)], dim=1)
-        return idx[:, L:].tolist()
-
-    @staticmethod
-    def _pick(logits: Tensor, temperature: float, top_k: Optional[int],
-              generator: Optional[torch.Generator]) -> Tensor:
-        """Next token from the last logits (B, V): argmax, or a top-k temperature sample."""
-        if temperature == 0:
-            return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-        logits = logits / temperature
-        if top_k is not None:
-            kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        return torch.multinomial(logits.softmax(dim=-1), num_samples=1,
-                                 generator=generator)  # (B, V) -> (B, 1)
 
     def num_params(self) -> int:
         """Number of parameters (the tied token embedding counted once)."""

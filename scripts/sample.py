@@ -9,9 +9,7 @@ Reads RUN_DIR/tokenizer.json and RUN_DIR/checkpoints/{best,last}.pt; needs no da
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 from tokenizers import Tokenizer
@@ -19,6 +17,7 @@ from tokenizers import Tokenizer
 from data.tokenizer import encode
 from model.config import GPTConfig
 from model.errors import UserError
+from model.generate import Sampling, generate
 from model.gpt import GPT
 from trainer import checkpoint
 from trainer.build import choose_threads
@@ -39,14 +38,6 @@ def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, in
     return model.to(device).eval(), ckpt["pad_id"]
 
 
-@dataclass(frozen=True)
-class Sampling:
-    max_new_tokens: int
-    temperature: float          # 0: greedy
-    top_k: Optional[int]        # None: every token
-    seed: int = 0
-
-
 def sample(run_dir: Path, prompts: list[str], sampling: Sampling, which: str = "best",
            device: str = "cpu") -> list[str]:
     """Continuations (prompt included) of each prompt, generated as one batch from the
@@ -61,9 +52,7 @@ def sample(run_dir: Path, prompts: list[str], sampling: Sampling, which: str = "
     if any(len(i) == 0 for i in ids):
         raise UserError("Every --prompt must encode to at least one token; pass e.g. "
                         "--prompt '\\n' for an unconditional sample.")
-    gen = torch.Generator(device=device).manual_seed(sampling.seed)
-    outs = model.generate(ids, sampling.max_new_tokens, temperature=sampling.temperature,
-                          top_k=sampling.top_k, pad_id=pad_id, generator=gen)
+    outs = generate(model, ids, sampling, pad_id)
     return [p + tok.decode(o, skip_special_tokens=False) for p, o in zip(prompts, outs)]
 
 

@@ -1,11 +1,10 @@
-"""Evaluation: losses on fixed batches, the whole-split score, samples.
+"""Evaluation: losses on fixed batches and the whole-split score.
 Losses are means over the real targets of all processes; evaluating runs in eval mode and draws
 no random numbers, so it never changes what training does."""
 
 import math
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -14,7 +13,6 @@ import torch
 from data.batching import BatchShape
 from model.config import IGNORE_INDEX
 from model.gpt import eval_mode
-from trainer import checkpoint
 from trainer.build import Run, all_reduce_sum
 from trainer.step import to_device
 
@@ -142,18 +140,3 @@ def describe(record: dict) -> str:
             f"{record['val_loss']:.4f} ({val}), lr "
             f"{record['lr']:.2e}" + (f", {speed:,.0f} tokens/s" if speed else ""))
 
-
-def write_samples(run: Run, run_dir: Path, best: Path) -> None:
-    """samples.txt: a continuation of each prompt by `best`'s weights (if written)."""
-    model, train_cfg = run.state.model, run.config.train_cfg
-    if best.exists():
-        model.load_state_dict(checkpoint.read(best)["model"])
-    gen = torch.Generator(device=run.compute.device).manual_seed(train_cfg.seed)
-    with eval_mode(model):
-        outs = model.generate(run.prompts, train_cfg.sample_tokens,
-                              temperature=train_cfg.sample_temperature,
-                              top_k=train_cfg.sample_top_k, pad_id=run.data.pad_id,
-                              generator=gen)
-    text = "".join(f"--- prompt {p!r} ---\n{p}{run.data.decode(o)}\n\n"
-                   for p, o in zip(train_cfg.sample_prompts, outs))
-    (run_dir / "samples.txt").write_text(text)

@@ -82,7 +82,8 @@ class TrainerConfig:
     seed: int = 1337
     resume: Optional[str] = None       # null | auto (this run dir's last.pt) | path/to/last.pt
     on_nan: str = "stop"               # stop: end with diverged=true, exit 0 | raise: exit 3
-    sample_prompts: list[str] = field(default_factory=lambda: ["\n", "ROMEO:"])
+    # samples.txt at the end: a continuation of each prompt (e.g. ["\n","ROMEO:"]); [] = none
+    sample_prompts: list[str] = field(default_factory=list)
     sample_tokens: int = 200
     sample_temperature: float = 0.8
     sample_top_k: Optional[int] = 200

@@ -11,6 +11,7 @@ from model.config import IGNORE_INDEX, SCALINGS, GPTConfig, ScalingConfig
 from model.cpu_autocast import CPUAutocastAttention
 from model.diagnostics import explain, layer_stats, qk_grad_norms
 from model.errors import ConfigError, UserError
+from model.generate import Sampling, generate
 from model.gpt import GPT
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -256,9 +257,9 @@ def test_attention_stats_ignore_dropout_keep_rng_and_mode():
 def test_batched_greedy_generation_equals_unbatched():
     model = tiny(seed=3, block_size=8)
     prompts = [[1], [2, 3, 4], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [15, 16]]
-    batched = model.generate(prompts, max_new_tokens=9, temperature=0.0)
+    batched = generate(model, prompts, Sampling(9, temperature=0.0))
     for prompt, out in zip(prompts, batched, strict=True):
-        assert out == model.generate([prompt], max_new_tokens=9, temperature=0.0)[0]
+        assert out == generate(model, [prompt], Sampling(9, temperature=0.0))[0]
         assert len(out) == 9
     assert len({tuple(o) for o in batched}) > 1  # the rows really differ
 
@@ -270,19 +271,17 @@ def test_greedy_generation_is_the_argmax_loop():
     for _ in range(7):
         logits = model(idx[:, -6:])[0]
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert model.generate([[3, 1, 4, 1, 5]], 7, temperature=0.0) == [idx[0, 5:].tolist()]
+    assert generate(model, [[3, 1, 4, 1, 5]], Sampling(7, temperature=0.0)) == [idx[0, 5:].tolist()]
 
 
 def test_sampling_is_reproducible_and_top_k_one_is_greedy():
     model = tiny(seed=2)
     prompts = [[1, 2], [3]]
-    a = model.generate(prompts, 6, temperature=1.0, generator=torch.Generator().manual_seed(7))
-    b = model.generate(prompts, 6, temperature=1.0, generator=torch.Generator().manual_seed(7))
-    assert a == b
-    greedy = model.generate(prompts, 6, temperature=0.0)
-    top1 = model.generate(prompts, 6, temperature=0.8, top_k=1,
-                          generator=torch.Generator().manual_seed(0))
-    assert top1 == greedy
+    a = generate(model, prompts, Sampling(6, temperature=1.0, seed=7))
+    assert a == generate(model, prompts, Sampling(6, temperature=1.0, seed=7))
+    assert a != generate(model, prompts, Sampling(6, temperature=1.0, seed=8))
+    greedy = generate(model, prompts, Sampling(6, temperature=0.0))
+    assert generate(model, prompts, Sampling(6, temperature=0.8, top_k=1)) == greedy
     assert all(0 <= t < VOCAB for row in a for t in row)
 
 
@@ -290,21 +289,19 @@ def test_top_k_restricts_samples():
     model = tiny(seed=2)
     logits = model(torch.tensor([[4, 5]]))[0][0, -1]
     allowed = set(torch.topk(logits, 3).indices.tolist())
-    gen = torch.Generator().manual_seed(0)
-    samples = {model.generate([[4, 5]], 1, temperature=5.0, top_k=3, generator=gen)[0][0]
-               for _ in range(40)}
+    samples = {generate(model, [[4, 5]], Sampling(1, temperature=5.0, top_k=3, seed=seed))[0][0]
+               for seed in range(40)}
     assert samples <= allowed and len(samples) > 1
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"prompts": [[1], []]}, "every prompt needs at least one token"),
-    ({"temperature": -1.0}, "temperature=-1.0 must be >= 0"),
-    ({"top_k": 0}, "top_k=0 must be null or a positive integer"),
+@pytest.mark.parametrize("prompts, kwargs, message", [
+    ([[1], []], {}, "every prompt needs at least one token"),
+    ([[1]], {"temperature": -1.0}, "temperature=-1.0 must be >= 0"),
+    ([[1]], {"top_k": 0}, "top_k=0 must be null or a positive integer"),
 ])
-def test_generate_rejects_bad_arguments(kwargs, message):
-    args = {"prompts": [[1]], "max_new_tokens": 2, **kwargs}
+def test_generate_rejects_bad_arguments(prompts, kwargs, message):
     with pytest.raises(ConfigError, match=message):
-        tiny().generate(**args)
+        generate(tiny(), prompts, Sampling(2, **kwargs))
 
 
 # ---------------------------------------------------------------- learning
