@@ -144,12 +144,6 @@ class GPTConfig:
             raise ConfigError(f"model.qk_init_std={self.qk_init_std!r} must be null (GPT-2's "
                               "0.02, the default) or a positive number, e.g. 1/sqrt(d_model).")
 
-    @classmethod
-    def from_dict(cls, fields: dict) -> "GPTConfig":
-        """A GPTConfig from a checkpoint's model_config (one from before `param` existed: sp)."""
-        return cls(**{**fields, "scaling": ScalingConfig(**fields["scaling"]),
-                      "param": ParamConfig(**fields.get("param", {}))})
-
     @property
     def width_mult(self) -> float:
         """muP's m = d_model / param.base_width; 1 under param=sp."""

@@ -15,25 +15,23 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import encode
-from model.config import GPTConfig
 from model.errors import UserError
 from model.generate import Sampling, generate
 from model.gpt import GPT
-from trainer import checkpoint
 from trainer.build import choose_threads
-from trainer.checkpoint import CheckpointError
+from trainer.checkpoint_read import CheckpointError, model_config, read
 
 
 def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, int]:
     """The run's model with the weights of checkpoints/<which>.pt, and its pad id."""
     path = run_dir / "checkpoints" / f"{which}.pt"
     try:
-        ckpt = checkpoint.read(path)
+        ckpt = read(path)
     except CheckpointError as err:
         raise UserError(f"Cannot sample from {err.path}: {err.problem} Sample from a run "
                         "directory trained by this version of train.py (it reads "
                         "checkpoints/best.pt, or last.pt with --checkpoint last).") from None
-    model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+    model = GPT(model_config(ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt["pad_id"]
 

@@ -1,10 +1,9 @@
-"""Checkpoints: the format (docs/training.md, "Checkpoint format"), saving and reading. Tensors
-and plain containers only, read with `torch.load(weights_only=True)`: opening a file runs no code
-from it. best.pt: weights, configs, progress; last.pt adds the state of training.
+"""Checkpoints: the format (docs/training.md, "Checkpoint format") and saving it; reading is
+trainer/checkpoint_read.py's. Tensors and plain containers only. best.pt: weights, configs,
+progress; last.pt adds the state of training.
 """
 
 import random
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -12,48 +11,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model.errors import UserError
 from trainer.build import Run
 from trainer.files import atomic_write
 
 # version 2: W_q, W_k, W_v are separate matrices; version 1's fused ones are split on reading
 FORMAT, VERSION = "attnscale-checkpoint", 2
-
-
-class CheckpointError(UserError):
-    """A checkpoint that cannot be used; `problem` says why, callers say what to do."""
-
-    def __init__(self, path: Path, problem: str):
-        super().__init__(f"{path}: {problem}")
-        self.path, self.problem = path, problem
-
-
-def read(path: Path) -> dict:
-    """The checkpoint at `path`, or CheckpointError naming what is wrong with the file."""
-    if not path.is_file():
-        raise CheckpointError(path, "there is no such file.")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # torch's advice on legacy formats, not ours
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:   # torch raises KeyError, EOFError, RuntimeError, UnpicklingError
-        first_line = (str(err).splitlines() or [""])[0][:120]
-        raise CheckpointError(path, (
-            "it holds objects other than tensors and plain containers, which are not unpickled "
-            "since that could run code: it is corrupt, or another program's or an older "
-            "attnscale's file." if "Weights only load failed" in str(err) else
-            f"it is not a readable PyTorch file ({type(err).__name__}: {first_line}); it is "
-            "truncated, corrupt or not a checkpoint.")) from None
-    fields = ckpt if isinstance(ckpt, dict) else {}
-    if fields.get("format") != FORMAT or fields.get("version") not in (1, VERSION):
-        raise CheckpointError(path, (
-            f"it is not an attnscale checkpoint of format version 1 or {VERSION} (format "
-            f"{fields.get('format')!r}, version {fields.get('version')!r}): another program's "
-            "file, or one of another attnscale version."))
-    if ckpt["version"] == 1:   # loaded only for such a file
-        from trainer.checkpoint_v1 import unfuse_qkv
-        return {**ckpt, "model": unfuse_qkv(ckpt["model"])}
-    return ckpt
 
 
 def save(run: Run, path: Path, full: bool = True) -> None:

@@ -19,7 +19,7 @@ from hydra.utils import to_absolute_path
 
 from model.errors import UserError
 from trainer.build import Progress, Run
-from trainer.checkpoint import CheckpointError, read
+from trainer.checkpoint_read import CheckpointError, read
 from trainer.files import display_path
 from trainer.schema import GROUPS, LoggerConfig, flat
 

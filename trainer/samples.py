@@ -5,15 +5,15 @@ from pathlib import Path
 
 from model.generate import Sampling, generate
 from model.gpt import eval_mode
-from trainer import checkpoint
 from trainer.build import Run
+from trainer.checkpoint_read import read
 
 
 def write_samples(run: Run, run_dir: Path, best: Path) -> None:
     """samples.txt: a continuation of each prompt by `best`'s weights (if written)."""
     model, train_cfg = run.state.model, run.config.train_cfg
     if best.exists():
-        model.load_state_dict(checkpoint.read(best)["model"])
+        model.load_state_dict(read(best)["model"])
     sampling = Sampling(train_cfg.sample_tokens, train_cfg.sample_temperature,
                         train_cfg.sample_top_k, train_cfg.seed)
     with eval_mode(model):

@@ -39,7 +39,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 import train
-from trainer import checkpoint, loggers
+from trainer import checkpoint_read, loggers
 
 pytestmark = pytest.mark.slow
 
@@ -441,5 +441,5 @@ def test_compile_trains_like_eager(tiny_cfg, tmp_path):
     for a, b in zip(records(tmp_path / "compiled", "train"), records(eager, "train"),
                     strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
-    ckpt = checkpoint.read(tmp_path / "compiled" / "checkpoints" / "last.pt")
+    ckpt = checkpoint_read.read(tmp_path / "compiled" / "checkpoints" / "last.pt")
     assert not any(k.startswith("_orig_mod") for k in ckpt["model"])   # uncompiled weights

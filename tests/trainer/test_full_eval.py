@@ -15,7 +15,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from model.config import GPTConfig
 from model.gpt import GPT
-from trainer import checkpoint
+from trainer import checkpoint_read
 from trainer.evaluate import full_split_loss, window_starts
 
 BLOCK = 8
@@ -120,8 +120,8 @@ def test_a_run_records_the_whole_split_score_of_its_final_weights(tiny_cfg,
     cfg, (run_dir, summary) = tiny_cfg, tiny_run
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["final_val_loss_full"] == summary["final_val_loss_full"]
-    ckpt = checkpoint.read(run_dir / "checkpoints" / "last.pt")
-    model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+    ckpt = checkpoint_read.read(run_dir / "checkpoints" / "last.pt")
+    model = GPT(checkpoint_read.model_config(ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     val = prepare(DataConfig(**cfg.data)).val
     expected = full_split_loss(model, val, BatchShape(5, 16), nullcontext())

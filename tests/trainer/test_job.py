@@ -13,7 +13,7 @@ from conftest import derive, records
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 import train
-from trainer import checkpoint
+from trainer import checkpoint_read
 from trainer.job import STOPS, Interrupted, Job, StopSignal
 from trainer.resume import hydra_quoted, python_launcher, run_command
 
@@ -126,7 +126,7 @@ def test_train_uses_the_jobs_hooks(tiny_cfg, tmp_path, capsys, single_thread):
     with pytest.raises(Interrupted) as stop:
         train.train(derive(tiny_cfg, ["trainer.threads=auto"]), run_dir, job)
     assert (stop.value.signum, stop.value.step) == (signal.SIGTERM, 1)
-    assert checkpoint.read(stop.value.checkpoint)["step"] == 1
+    assert checkpoint_read.read(stop.value.checkpoint)["step"] == 1
     assert [r["step"] for r in records(run_dir, "train")] == [1]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["overrides"] == ["trainer.seed=1337"]

@@ -1,4 +1,4 @@
-"""trainer/checkpoint.py: what a checkpoint holds, how it is read; trainer/resume.py: the
+"""trainer/checkpoint.py and checkpoint_read.py: what a checkpoint holds, how it is read; trainer/resume.py: the
 random streams it restores, when a resume is refused. The command lines' exit codes on a bad
 checkpoint are tested in tests/e2e/test_train_cli.py."""
 
@@ -15,7 +15,7 @@ import train
 from model.config import GPTConfig
 from model.errors import UserError
 from model.gpt import GPT
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_read
 from trainer.resume import set_rng_state
 
 # runs here skip the flushes to disk (conftest.no_fsync)
@@ -45,7 +45,7 @@ def test_checkpoints_hold_only_tensors_and_plain_containers(tiny_run):
         assert ckpt["format"] == checkpoint.FORMAT and ckpt["version"] == checkpoint.VERSION
         for where, leaf in walk(ckpt):
             assert isinstance(leaf, PLAIN), f"{where} is a {type(leaf).__name__}"
-    last = checkpoint.read(run_dir / "checkpoints" / "last.pt")
+    last = checkpoint_read.read(run_dir / "checkpoints" / "last.pt")
     assert last["step"] == 8 and len(last["rng"]) == 1 and "cuda" not in last["rng"][0]
 
 
@@ -167,7 +167,7 @@ def test_a_version_1_checkpoint_is_read_split_and_refused_for_resuming(tiny_cfg,
     for name, path in (("biased", tmp_path / "v1.pt"),
                        ("last", run_dir / "checkpoints" / "last.pt"),
                        ("best", run_dir / "checkpoints" / "best.pt")):
-        read = checkpoint.read(path)
+        read = checkpoint_read.read(path)
         assert read["version"] == 1 and set(read["model"]) == set(originals[name]), name
         for key, tensor in originals[name].items():
             assert torch.equal(read["model"][key], tensor), (name, key)

@@ -9,7 +9,7 @@ import torch
 from conftest import derive, records
 
 import train
-from trainer import checkpoint
+from trainer import checkpoint_read
 from trainer.build import build
 
 # runs here skip the flushes to disk (conftest.no_fsync)
@@ -33,7 +33,7 @@ def test_fp16_trains_with_a_gradient_scaler(tiny_cfg, tiny_run, tmp_path):
     run_dir = tmp_path / "fp16"
     summary = train.train(derive(tiny_cfg, ["trainer.precision=fp16"]), run_dir)
     assert summary["steps"] == 8 and not summary["diverged"]
-    scaler = checkpoint.read(run_dir / "checkpoints" / "last.pt")["scaler"]
+    scaler = checkpoint_read.read(run_dir / "checkpoints" / "last.pt")["scaler"]
     assert scaler["scale"] > 0 and math.isfinite(scaler["scale"])   # the scaler was on
     ours, reference = records(run_dir, "train"), records(fp32, "train")
     for a, b in zip(ours, reference, strict=True):
