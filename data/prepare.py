@@ -15,7 +15,6 @@ from tokenizers import Tokenizer
 from data import cache
 from data.config import DataConfig
 from data.sources import ShakespeareSource
-from data.tokenizer import encode
 from model.errors import DataError
 
 if TYPE_CHECKING:   # annotations only: this module imports no torch
@@ -43,6 +42,7 @@ class PreparedData:
         return self.tokenizer_path.parent
 
     def encode(self, text: str) -> list[int]:
+        from data.tokenizer import encode  # a cached start without sample prompts encodes nothing
         return encode(self.tokenizer, text)
 
     def decode(self, ids) -> str:

@@ -38,7 +38,7 @@ class ScalingConfig:
     divisor: float = 8.0  # `constant`: logits = q.k / divisor whatever d_head
     norm: str = "layernorm"  # `qk_norm`: "layernorm" | "rmsnorm"
     softcap: Optional[float] = None  # soft-cap c*tanh(logits/c), after the scale, before the mask
-    # `dk`: s = attn_mult / d_head; null: GPTConfig.base_attn_mult (docs/scaling.md, section 9)
+    # `dk`: s = attn_mult / d_head; null: set by param (GPTConfig; docs/scaling.md, section 9)
     attn_mult: Optional[float] = None
     length: str = "fixed"  # the factor g(n) of the logits of a row that may attend n keys
     length_base: Optional[int] = None  # T0 of log_n, log_n_eval, ssmax; null: model.block_size
@@ -135,9 +135,11 @@ class GPTConfig:
             raise ConfigError(f"model.attn_impl='sdpa' cannot apply scaling.softcap="
                               f"{self.scaling.softcap}: SDPA has no soft-cap; set "
                               "model.attn_impl=explicit (or auto) or scaling.softcap=null.")
-        if self.scaling.name == "dk" and self.scaling.attn_mult is None:   # filled in once
-            object.__setattr__(self, "scaling",
-                               replace(self.scaling, attn_mult=self.base_attn_mult()))
+        if self.scaling.name == "dk" and self.scaling.attn_mult is None:   # filled in once:
+            # 1 under sp (s = 1/d_head); under mup sqrt(d_head / m), so that s = 1/sqrt(d_head)
+            # at the base width (mup's 8 / d_head at d_head 64)
+            mult = 1.0 if self.param.name == "sp" else math.sqrt(self.d_head / self.width_mult)
+            object.__setattr__(self, "scaling", replace(self.scaling, attn_mult=mult))
         if self.scaling.length != "fixed" and self.scaling.length_base is None:   # filled in once
             object.__setattr__(self, "scaling", replace(self.scaling, length_base=self.block_size))
         if self.qk_init_std is not None and not is_positive_number(self.qk_init_std):
@@ -148,8 +150,3 @@ class GPTConfig:
     def width_mult(self) -> float:
         """muP's m = d_model / param.base_width; 1 under param=sp."""
         return self.d_model / self.param.base_width if self.param.name == "mup" else 1.0
-
-    def base_attn_mult(self) -> float:
-        """scaling.attn_mult's default: 1 under sp (s = 1/d_head); under mup sqrt(d_head / m),
-        so that s = 1/sqrt(d_head) at the base width (mup's 8 / d_head at d_head 64)."""
-        return 1.0 if self.param.name == "sp" else math.sqrt(self.d_head / self.width_mult)

@@ -25,13 +25,14 @@ from trainer.schema import GROUPS, LoggerConfig, flat
 
 # Settings that may differ between a checkpoint and the run resuming from it: how long to
 # train, how often to look, where and how fast to compute, what to sample at the end, where the
-# records are mirrored. Every other key of the config must match.
+# records are mirrored and what they add. Every other key of the config must match.
 MAY_CHANGE_ON_RESUME = (
     "trainer.max_steps", "trainer.eval_every", "trainer.log_every", "trainer.ckpt_every",
     "trainer.device", "trainer.threads", "trainer.compile", "trainer.precision",
     "trainer.resume", "trainer.on_nan", "trainer.sample_prompts", "trainer.sample_tokens",
     "trainer.sample_temperature", "trainer.sample_top_k", "trainer.full_eval_tokens",
-    "data.cache_dir", "model.attn_impl", *(f"logger.{f.name}" for f in fields(LoggerConfig)))
+    "trainer.diagnostics", "data.cache_dir", "model.attn_impl",
+    *(f"logger.{f.name}" for f in fields(LoggerConfig)))
 
 
 def remove_if_unstarted(run_dir: Path) -> None:

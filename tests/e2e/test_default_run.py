@@ -12,7 +12,8 @@ from conftest import INFRASTRUCTURE, OPTIONS, ROOT
 from test_layers import MAX_DEFAULT_RUN_LINES, MAX_FIRST_RUN_LINES
 
 # The cache's build path: loaded on a cache miss only (data.prepare.prepare decides).
-BUILD_PATH = {"data.build_cache", "data.char", "data.documents", "data.shakespeare"}
+BUILD_PATH = {"data.build_cache", "data.char", "data.documents", "data.shakespeare",
+              "data.tokenizer"}
 
 VERSE = ("ROMEO: But soft, what light through yonder window breaks?\nIt is the east, and "
          "Juliet is the sun.\nJULIET: O Romeo, Romeo, wherefore art thou Romeo?\n")
@@ -35,7 +36,7 @@ register_configs()
 with initialize_config_dir(version_base="1.3", config_dir=str(root / "configs")):
     cfg = compose("config", overrides=[f"data.cache_dir={out}/cache", "trainer.max_steps=2",
                                        "trainer.eval_every=1", "trainer.eval_iters=1",
-                                       "trainer.sample_tokens=4", "trainer.device=cpu",
+                                       "trainer.device=cpu",
                                        "trainer.threads=1", "trainer.precision=fp32"])
 train.train(cfg, out / run)
 files = {}

@@ -1,4 +1,4 @@
-"""trainer/evaluate.py's attention record: `attn_heads` keeps every head of every layer, and
+"""trainer/diagnose.py's attention record: `attn_heads` keeps every head of every layer, and
 the per-layer means are those of the heads."""
 
 import math

@@ -1,7 +1,8 @@
-"""trainer/checkpoint.py and checkpoint_read.py: what a checkpoint holds, how it is read; trainer/resume.py: the
-random streams it restores, when a resume is refused. The command lines' exit codes on a bad
-checkpoint are tested in tests/e2e/test_train_cli.py."""
+"""trainer/checkpoint.py and checkpoint_read.py: what a checkpoint holds, how it is read;
+trainer/resume.py: the random streams it restores, when a resume is refused. The command lines'
+exit codes on a bad checkpoint are tested in tests/e2e/test_train_cli.py."""
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -228,5 +229,8 @@ def test_settings_on_the_allow_list_may_change_on_resume(tiny_cfg, tiny_run,
         "trainer.resume=auto", "trainer.max_steps=12", "trainer.eval_every=3",
         "trainer.log_every=2", "trainer.ckpt_every=3", "trainer.threads=1",
         "trainer.precision=bf16", "trainer.device=cpu", "trainer.sample_tokens=4",
-        "model.attn_impl=explicit"]), run_dir)
+        "model.attn_impl=explicit", "trainer.diagnostics=true"]), run_dir)
     assert summary["steps"] == 12
+    evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "eval"]
+    assert ["attn_entropy" in r for r in evals] == [False] * 3 + [True] * 2   # 0, 4, 8 | 9, 12
