@@ -19,6 +19,7 @@ study draws yet are drawn from small fixtures of real shrunk runs (FIXTURES):
 
 import contextlib
 import csv
+import functools
 import io
 import itertools
 import json
@@ -113,11 +114,13 @@ def committed(study: str) -> list[str]:
     return FIXTURES.get(study) or sorted(p.name for p in (RESULTS / study).glob("*.png"))
 
 
+@functools.cache   # committed files, read once per study, not once per panel
 def runs_of(study: str) -> list[dict]:
     with open(folder(study) / "runs.csv", newline="") as f:
         return list(csv.DictReader(f))
 
 
+@functools.cache
 def curves_of(study: str) -> list[dict]:
     path = folder(study) / "curves.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
