@@ -23,6 +23,12 @@ class Batch:
     targets: torch.Tensor                  # (b, T) long, IGNORE_INDEX at padding
     valid_mask: Optional[torch.Tensor]     # (b, T) bool, True = real token; None for concat
 
+    def to(self, device: torch.device) -> tuple:
+        """(idx, targets, valid_mask) on the device; on CUDA from pinned memory, not blocking."""
+        pin = device.type == "cuda"
+        return tuple(t if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+                     for t in (self.idx, self.targets, self.valid_mask))
+
 
 @dataclass(frozen=True)
 class BatchShape:

@@ -71,7 +71,7 @@ from model.gpt import GPT
 from scripts.common import ROOT, compose_config, interleave, median_ms, sync, timed
 from trainer.build import autocast_dtype, build, pick_device, precision_name
 from trainer.run_dir import cpu_name
-from trainer.step import to_device, train_step
+from trainer.step import train_step
 
 SHAKESPEARE_TRAIN_TOKENS = 4_567_669  # the char-level Shakespeare train split (token cache)
 
@@ -294,7 +294,7 @@ def bench_steps(args, device: torch.device, folder: Path) -> tuple:
         prepared = next(iter(cases.values())).run.data
         fetcher = Batcher(prepared.train, BatchShape(cfg.batch_size, cfg.block_size), seed=1)
         calls = {key: case.step for key, case in cases.items()}
-        calls["fetch"] = lambda fetcher=fetcher: to_device(fetcher.next(), device)
+        calls["fetch"] = lambda fetcher=fetcher: fetcher.next().to(device)
         beside = nanogpt_beside(args, name, prepared, folder)
         times = interleave(calls, args.rounds, args.per_round, device,
                            beside.run if beside else None)
@@ -547,7 +547,7 @@ def markdown(result: dict) -> str:
     if result.get("nanogpt"):
         out += ["", nanogpt_markdown(result["nanogpt"])]
     if result.get("data"):
-        out += ["", "## Data path (Batcher.next + to_device)", "",
+        out += ["", "## Data path (Batcher.next + Batch.to)", "",
                 table(["config", "fetch ms", "fastest step", "step ms", "share"],
                       [[r["config"], r["fetch_ms"], " ".join(map(str, r["fastest_step"])),
                         r["fastest_step_ms"], f"{100 * r['share_of_fastest_step']:.2f}%"]

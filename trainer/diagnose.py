@@ -15,7 +15,7 @@ from model.gpt import GPT
 def attention_record(model: GPT, batch: Batch, device: torch.device) -> dict:
     """The attention diagnostics of `batch` per layer; `attn_heads` keeps every head, so that a
     saturating one is not averaged away."""
-    idx, valid = (None if t is None else t.to(device) for t in (batch.idx, batch.valid_mask))
+    idx, _, valid = batch.to(device)
     stats = layer_stats(model, idx, valid)
     heads = {key: [s[key].tolist() for s in stats] for key in stats[0]}
     if model.config.scaling.name == "learned":

@@ -14,7 +14,6 @@ from data.batching import BatchShape
 from model.config import IGNORE_INDEX
 from model.gpt import eval_mode
 from trainer.build import Run, all_reduce_sum
-from trainer.step import to_device
 
 
 def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -31,7 +30,7 @@ def estimate(model: torch.nn.Module, batches, autocast: AbstractContextManager,
     total = torch.zeros(3, device=device)   # (sum of token losses, correct, real targets)
     with eval_mode(model):
         for batch in batches:
-            idx, targets, valid = to_device(batch, device)
+            idx, targets, valid = batch.to(device)
             with autocast:
                 logits, loss_sum = model(idx, targets, valid, reduction="sum")
             total += torch.cat([loss_sum.float()[None], accuracy_counts(logits, targets)])

@@ -9,21 +9,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import clip_grad_norm_
 
-from data.batching import Batch, Sampler
+from data.batching import Sampler
 from model.config import IGNORE_INDEX
 from trainer.build import Compute, TrainState, all_reduce_sum
 from trainer.schema import OptimConfig, TrainerConfig
 
 
-def to_device(batch: Batch, device: torch.device):
-    """(idx, targets, valid_mask) on the device; on CUDA from pinned memory, not blocking."""
-    cuda = device.type == "cuda"
-    return tuple(t if t is None else (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
-                 for t in (batch.idx, batch.targets, batch.valid_mask))
-
-
 def next_batches(batcher: Sampler, n: int, device: torch.device) -> list[tuple]:
-    return [to_device(batcher.next(), device) for _ in range(n)]
+    return [batcher.next().to(device) for _ in range(n)]
 
 
 def count_targets(batches) -> torch.Tensor:
