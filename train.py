@@ -46,8 +46,10 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
     train_cfg, optim_cfg, compute, state = (run.config.train_cfg, run.config.optim_cfg,
                                             run.compute, run.state)
     if train_cfg.eval_lengths:   # evaluation past block_size: refused before training
-        from trainer.long_eval import check_lengths
-        check_lengths(run.config.model_cfg, run.config.data_cfg, train_cfg.eval_lengths)
+        from trainer.long_eval import check_lengths, target_cap
+        check_lengths(run.config.model_cfg, run.config.data_cfg, train_cfg.eval_lengths,
+                      target_cap(train_cfg.full_eval_tokens),
+                      None if run.data.val is None else len(run.data.val))
     resumed_from = None
     if train_cfg.resume is not None:   # the resume rules load only when trainer.resume is set
         from trainer import resume

@@ -12,14 +12,16 @@ Lookup (data.task=kv): for each n in the list, data.recall.lookup_set's rows of 
 the accuracy and loss of the answer, and the weight each head of each layer gives the right pair
 from the query (the explicit path's last row, from the input hooks of every attention layer).
 
-Memory stays bounded at any length: at most TOKENS_PER_FORWARD tokens go through the model at
-once, by SDPA (no L x L weights are kept) unless a soft-cap needs the explicit path.
+Memory stays bounded: at most TOKENS_PER_FORWARD tokens go through the model at once (one window
+where a window is longer; no length is longer than target_cap), by SDPA (no L x L weights are kept)
+unless a soft-cap needs the explicit path.
 Rank 0 evaluates alone; the records go to metrics.jsonl (kind "length_eval", one per length),
 summary.json ("length_eval", by length) and one terminal line per length.
 """
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import Optional
 
 import numpy as np
 import torch
@@ -40,8 +42,16 @@ TOKENS_PER_FORWARD = 8192   # rows x length of one forward: the memory bound at 
 MAX_TARGETS = 16_384
 
 
-def check_lengths(model_cfg: GPTConfig, data_cfg: DataConfig, lengths: list[int]) -> None:
-    """ConfigError, before any training, unless every length can be evaluated."""
+def target_cap(full_eval_tokens: Optional[int]) -> int:
+    """The most targets a length's text evaluation scores: MAX_TARGETS or trainer.full_eval_tokens,
+    whichever is smaller."""
+    return min(MAX_TARGETS, full_eval_tokens or MAX_TARGETS)
+
+
+def check_lengths(model_cfg: GPTConfig, data_cfg: DataConfig, lengths: list[int],
+                  max_targets: int = MAX_TARGETS, val_tokens: Optional[int] = None) -> None:
+    """ConfigError, before any training, unless every length can be evaluated: on text, windows
+    of the longest within `max_targets` targets and the `val_tokens` of the validation split."""
     if data_cfg.source == "recall" and data_cfg.task != "kv":
         raise ConfigError(f"trainer.eval_lengths={lengths} is not valid for data.task="
                           f"{data_cfg.task}: its sequences have one length. Evaluate lengths on "
@@ -57,6 +67,19 @@ def check_lengths(model_cfg: GPTConfig, data_cfg: DataConfig, lengths: list[int]
                           f"model.block_size={model_cfg.block_size} rows and nothing past it. "
                           "Train with positions that extrapolate (model.pos=rope or nope) or "
                           f"keep every length within {model_cfg.block_size}.")
+    if data_cfg.source == "recall":   # kv: each length is its own generated set of rows
+        return
+    if max(lengths) > max_targets:   # one window of the longest scores each of its tokens
+        raise ConfigError(f"trainer.eval_lengths={lengths}: one window of the longest length "
+                          f"scores {max(lengths):,} targets, more than the {max_targets:,} a "
+                          f"length's evaluation may score (the smaller of {MAX_TARGETS:,} and "
+                          "trainer.full_eval_tokens). Keep every length within "
+                          f"{max_targets:,}.")
+    if val_tokens is not None and max(lengths) + 1 > val_tokens:
+        raise ConfigError(f"trainer.eval_lengths={lengths}: the validation split has "
+                          f"{val_tokens:,} tokens, fewer than a window of the longest length "
+                          f"and its next token ({max(lengths) + 1:,}). Keep every length within "
+                          f"{val_tokens - 1:,}, or validate on a longer split.")
 
 
 def report_lengths(run: Run, out: RunDir, step: int) -> dict:
@@ -70,8 +93,8 @@ def report_lengths(run: Run, out: RunDir, step: int) -> dict:
         if run.data.scores_answers:
             results = [lookup(model, run.config.data_cfg, n, compute.autocast) for n in lengths]
         else:
-            cap = min(MAX_TARGETS, train_cfg.full_eval_tokens or MAX_TARGETS)
-            results = text_lengths(model, run.data.val, lengths, compute.autocast, cap)
+            results = text_lengths(model, run.data.val, lengths, compute.autocast,
+                                   target_cap(train_cfg.full_eval_tokens))
     for n, result in zip(lengths, results):
         out.log({"kind": "length_eval", "step": step, "length": n, **result})
         out.say(describe({"length": n, **result}))
@@ -128,13 +151,11 @@ def buckets(length: int, block_size: int) -> list[tuple[int, int]]:
 
 def text_lengths(model: GPT, tokens, lengths: list[int], autocast: AbstractContextManager,
                  max_targets: int) -> list[dict]:
-    """The record fields of each length (module docstring) on windows of the longest."""
+    """The record fields of each length (module docstring) on windows of the longest, at most
+    `max_targets` targets each: lengths that check_lengths accepted."""
     T0, longest = model.config.block_size, max(lengths)
     starts = [s for s in window_starts(len(tokens), longest, max_targets)
               if s + longest + 1 <= len(tokens)]
-    if not starts:
-        raise ConfigError(f"trainer.eval_lengths: the validation split has {len(tokens):,} "
-                          f"tokens, fewer than a window of {longest + 1}; lower the lengths.")
     windows = torch.from_numpy(np.stack([np.asarray(tokens[s:s + longest + 1], dtype=np.int64)
                                          for s in starts]))  # (W, longest + 1)
     device = next(model.parameters()).device

@@ -3,6 +3,7 @@ the sliding-window reference against forwards by hand, the refusals before train
 evaluation's weight on the right key, and a run's records, lines and summary."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -117,6 +118,28 @@ def test_a_learned_model_past_block_size_is_refused_with_the_fix():
         long_eval.check_lengths(learned, KV, [64])
 
 
+def test_a_length_past_the_target_cap_or_the_split_is_refused_and_none_scores_more():
+    """A window of the longest length scores each of its tokens: a length past the cap (or
+    past the validation split) is refused; under it, no length scores more than the cap."""
+    nope = GPTConfig(vocab_size=5, pos="nope")
+    with pytest.raises(ConfigError, match="32,768 targets, more than the 16,384"):
+        long_eval.check_lengths(nope, DataConfig(), [64, 32_768])
+    with pytest.raises(ConfigError, match="more than the 40 .* within 40"):
+        long_eval.check_lengths(nope, DataConfig(), [48], long_eval.target_cap(40))
+    long_eval.check_lengths(nope, DataConfig(), [16_384])
+    long_eval.check_lengths(nope, KV, [64, 32_768])   # kv: pairs, each length its own rows
+    with pytest.raises(ConfigError, match=r"has 200 tokens.*\(201\)\. Keep every length within 199"):
+        long_eval.check_lengths(nope, DataConfig(), [200], val_tokens=200)
+    long_eval.check_lengths(nope, DataConfig(), [199], val_tokens=200)
+    model = small_model()
+    tokens = np.random.default_rng(2).integers(0, 13, size=200).astype(np.uint16)
+    for lengths, cap in (([24], 30), ([4, 24], 48), ([16], 199), ([199], 199)):
+        with torch.no_grad():
+            got = long_eval.text_lengths(model, tokens, lengths, torch.autocast(
+                "cpu", enabled=False), cap)
+        assert all(0 < r["targets"] <= cap for r in got), (lengths, cap)
+
+
 def test_lookup_weight_on_the_right_key_is_the_explicit_paths_last_row():
     vocab = 4 * 3 + 4 + 3 + 1
     model = small_model(vocab=vocab, n_layer=2, block_size=9)
@@ -161,6 +184,17 @@ def test_a_learned_run_past_block_size_stops_before_training(tiny_cfg, tmp_path)
     with pytest.raises(ConfigError, match="model.block_size=16"):
         train.train(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("lengths, more", [
+    ([16, 4096], []),                                   # the split has ~2,300 tokens
+    ([48], ["trainer.full_eval_tokens=32"])])           # the target cap is 32
+def test_a_length_the_split_or_the_cap_cannot_hold_stops_before_training(tiny_cfg, tmp_path,
+                                                                        lengths, more):
+    cfg = derive(tiny_cfg, ["model.pos=nope", f"trainer.eval_lengths={lengths}", *more])
+    with pytest.raises(ConfigError, match=re.escape(f"trainer.eval_lengths={lengths}: ")):
+        train.train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()   # nothing written
 
 
 def test_the_default_run_has_no_length_evaluation(tiny_run):
