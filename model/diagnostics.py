@@ -1,6 +1,7 @@
 """Diagnostics of attention (trainer.diagnostics): the weights and per-head statistics of one
-forward by the explicit path, in float32 from detached tensors, and q/k gradient norms.
-Dimension letters: B batch, T time, H heads, D head width (d_head)."""
+forward by the explicit path, where the attention mass goes (the first token, the sink), the
+size of the residual stream, in float32 from detached tensors, and q/k gradient norms.
+Dimension letters: B batch, T time, C model width, H heads, D head width (d_head)."""
 
 from typing import NamedTuple, Optional
 
@@ -11,13 +12,21 @@ from model.attention import MultiHeadAttention, build_mask
 from model.config import SATURATION_THRESHOLD
 from model.gpt import GPT, eval_mode
 
+# Gu et al. 2024, "When Attention Sink Emerges in Language Models: An Empirical View" (ICLR
+# 2025; sail-sg/Attention-Sink, eval_sink_open_source.py): a head is a sink head on a sequence
+# when the first token's score over the sequence's first SINK_WINDOW tokens exceeds SINK_EPSILON
+SINK_WINDOW = 64
+SINK_EPSILON = 0.3
+TOP_K = 3   # Sun et al. 2024, "Massive Activations in Large Language Models": top-1, 2, 3 |h|
+
 
 class Explained(NamedTuple):
     """explain's answer: the output and what the explicit path saw on the way."""
 
     y: Tensor  # (B, T, C), as forward returns it
-    weights: Tensor  # (B, H, T, T) softmax weights, before dropout
+    weights: Tensor  # (B, H, T, T) weights over the real keys, before dropout
     stats: dict[str, Tensor]  # per-head statistics, each (H,) (attention_stats)
+    rows: Tensor  # (B, H, T, 1) bool, the real rows: real tokens with an allowed key
 
 
 def explain(attn: MultiHeadAttention, x: Tensor, *, causal: bool = True,
@@ -29,28 +38,66 @@ def explain(attn: MultiHeadAttention, x: Tensor, *, causal: bool = True,
     y, weights, logits = attn.explicit(gq, k, v, mask)
     stats = attention_stats(q, k, logits, weights,
                             None if mask is None else (mask.allowed, mask.row_ok), valid_mask)
-    return Explained(attn.merge_heads(y), weights, stats)
+    rows = real_rows(q, None if mask is None else mask.row_ok, valid_mask)
+    return Explained(attn.merge_heads(y), weights, stats, rows)
 
 
 @torch.no_grad()
 def layer_stats(model: GPT, idx: Tensor, valid_mask: Optional[Tensor] = None
                 ) -> list[dict[str, Tensor]]:
-    """Per layer, attention_stats on that layer's own input, in eval mode, so that dropout
-    neither changes them nor draws random numbers: a pre-hook explains each attention call."""
+    """Per layer, attention_stats and mass_stats on that layer's own input, in eval mode, so
+    that dropout neither changes them nor draws random numbers: a pre-hook explains each
+    attention call."""
     stats = []
 
     def hook(attn, args, kwargs):
-        stats.append(explain(attn, *args, **kwargs).stats)
+        info = explain(attn, *args, **kwargs)
+        stats.append(info.stats | mass_stats(info.weights, info.rows, normaliser_of(attn)))
 
-    handles = [block.attn.register_forward_pre_hook(hook, with_kwargs=True)
-               for block in model.blocks]
+    run_hooked(model, idx, valid_mask, [
+        block.attn.register_forward_pre_hook(hook, with_kwargs=True) for block in model.blocks])
+    return stats
+
+
+@torch.no_grad()
+def residual_stats(model: GPT, idx: Tensor, valid_mask: Optional[Tensor] = None
+                   ) -> list[dict[str, Tensor]]:
+    """Per layer, activation_stats of the residual stream after the block (the hidden states
+    Sun et al. 2024 measure: a decoder layer's output), in eval mode as layer_stats."""
+    stats = []
+
+    def hook(block, args, output):
+        stats.append(activation_stats(output, valid_mask))
+
+    run_hooked(model, idx, valid_mask, [b.register_forward_hook(hook) for b in model.blocks])
+    return stats
+
+
+def run_hooked(model: GPT, idx: Tensor, valid_mask: Optional[Tensor], handles: list) -> None:
+    """model.trunk in eval mode with the hooks of `handles`, which are removed after, even on
+    error."""
     try:
         with eval_mode(model):
             model.trunk(idx, valid_mask)
     finally:
         for handle in handles:
             handle.remove()
-    return stats
+
+
+def normaliser_of(attn: MultiHeadAttention) -> str:
+    return getattr(attn.scaling, "normaliser", "softmax")
+
+
+def real_rows(q: Tensor, row_ok: Optional[Tensor], valid_mask: Optional[Tensor]) -> Tensor:
+    """(B, H, T, 1) bool of q (B, H, T, D): True where the query is a real token (valid_mask)
+    with an allowed key (the mask's row_ok (B|1, H|1, T, 1))."""
+    B, H, T, _ = q.shape
+    rows = torch.ones(B, H, T, 1, dtype=torch.bool, device=q.device)  # (B, H, T, 1)
+    if row_ok is not None:
+        rows = rows & row_ok
+    if valid_mask is not None:
+        rows = rows & valid_mask[:, None, :, None]
+    return rows
 
 
 def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
@@ -71,11 +118,7 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
         q_norm, k_norm mean L2 norm of q (real rows) and k (real tokens) over D
     """
     B, H, T, D = q.shape
-    rows = torch.ones(B, H, T, 1, dtype=torch.bool, device=q.device)  # (B, H, T, 1)
-    if allowed is not None:
-        rows = rows & allowed[1]
-    if valid_mask is not None:
-        rows = rows & valid_mask[:, None, :, None]
+    rows = real_rows(q, None if allowed is None else allowed[1], valid_mask)  # (B, H, T, 1)
     entries = rows.expand(B, H, T, T) if allowed is None else rows & allowed[0]  # (B, H, T, T)
     n_rows = rows.sum(dim=(0, 2, 3)).clamp(min=1)  # (H,)
     n_entries = entries.sum(dim=(0, 2, 3)).clamp(min=1)  # (H,)
@@ -103,6 +146,74 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
         "raw_var": raw_dev.square().sum(dim=(0, 2, 3)) / n_entries / D,
         "raw_max_logit": raw.abs().amax(dim=(0, 2, 3)),
     }
+
+
+def mass_stats(weights: Tensor, rows: Tensor, normaliser: str) -> dict[str, Tensor]:
+    """Where each head's attention mass goes, per head, each (H,) float32, from the weights
+    (B, H, T, T) over the real keys and the real rows (B, H, T, 1) (real tokens with an allowed
+    key; a row with none has zero weights by policy and counts nowhere). Key 0 is the first
+    token: the first of the window (data.packing=concat) or of the document piece (pad, whose
+    padding is on the right); this model has no BOS token.
+        first_mass   mean over real rows of the weight on key 0; uniform attention over T
+                     causal rows gives (1 + 1/2 + ... + 1/T) / T
+        sink_score   Gu et al.'s score of key 0, averaged over sequences (below)
+        sink_rate    the share of sequences in which the head is a sink head (below); the
+                     mean over heads and layers is Gu et al.'s sink rate
+        sink_weight  mean over real rows of the weight the normaliser puts outside the real
+                     keys, 1 - sum_j w_j: the +1 of softmax1, the learned logit of sink; 0 for
+                     softmax; absent for sigmoid, whose rows need not sum to 1
+    Gu et al. 2024 (sail-sg/Attention-Sink, eval_sink_open_source.py, compute_attention_sink):
+    on sequences cut to their first 64 tokens, key k's score in a layer and head is the mean
+    attention it receives from the queries that can see it, sum_i A[i, k] / (64 - k); a head
+    is a sink head on a sequence when the score of key 0 exceeds epsilon = 0.3; the sink rate
+    is the share of (sequence, layer, head) triples that are, and their headline is key 0's.
+    Here: the first SINK_WINDOW rows of the full-length forward, which under a causal mask are
+    the weights of the 64-token forward (fewer rows when T < 64); the mean over the real rows
+    among them (all of them without padding, as in their code); a sequence with no real row
+    there counts in neither share nor denominator."""
+    w = weights.detach().float()
+    H = w.shape[1]
+    n_rows = rows.sum(dim=(0, 2, 3)).clamp(min=1)  # (H,)
+    first = w[..., :1]  # (B, H, T, 1) the weight on key 0
+    early = rows[:, :, :SINK_WINDOW]  # (B, H, W, 1) the real rows among the first W
+    n_early = early.sum(dim=(2, 3))  # (B, H)
+    score = (first[:, :, :SINK_WINDOW] * early).sum(dim=(2, 3)) / n_early.clamp(min=1)  # (B, H)
+    counted = n_early > 0  # (B, H)
+    n_counted = counted.sum(dim=0).clamp(min=1)  # (H,)
+    stats = {"first_mass": (first * rows).sum(dim=(0, 2, 3)) / n_rows,
+             "sink_score": (score * counted).sum(dim=0) / n_counted,
+             "sink_rate": ((score > SINK_EPSILON) & counted).sum(dim=0) / n_counted}
+    if normaliser == "softmax":   # no weight outside the keys
+        stats["sink_weight"] = torch.zeros(H, device=w.device)
+    elif normaliser != "sigmoid":
+        outside = 1.0 - w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
+        stats["sink_weight"] = (outside * rows).sum(dim=(0, 2, 3)) / n_rows
+    return stats
+
+
+def activation_stats(h: Tensor, valid_mask: Optional[Tensor]) -> dict[str, Tensor]:
+    """The size of hidden states h (B, T, C) over the real tokens (valid_mask (B, T)), each a
+    float32 scalar. Sun et al. 2024 (locuslab/massive-activations, main_llm.py, exp2): per
+    sequence, the TOP_K largest |h| and the median |h| over all its entries (torch.median: the
+    lower middle value of an even count), averaged over sequences:
+        top1, top2, top3   the largest, second and third largest |h|
+        median             the median |h|
+        kurtosis           excess kurtosis of the signed entries of every real token pooled,
+                           m4 / m2^2 - 3 with central moments of divisor n (scipy.stats.kurtosis's
+                           default, fisher=True, bias=True): 0 for a Gaussian, large when a few
+                           entries are massive; NaN when all entries are equal
+    A sequence with no real token counts in neither."""
+    x = h.detach().float()
+    real = (torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if valid_mask is None
+            else valid_mask)  # (B, T)
+    seqs, pad = real.any(dim=1), ~real[real.any(dim=1), :, None]  # (B,), (b, T, 1)
+    size = x[seqs].abs()  # (b, T, C) the sequences with a real token
+    top = size.masked_fill(pad, -1.0).flatten(1).topk(TOP_K, dim=1).values  # (b, TOP_K)
+    median = size.masked_fill(pad, float("nan")).flatten(1).nanmedian(dim=1).values  # (b,)
+    centred = x[real].flatten() - x[real].mean()  # (n,) every real entry
+    z = centred / centred.square().mean().sqrt()
+    stats = {f"top{i + 1}": top[:, i].mean() for i in range(TOP_K)}
+    return stats | {"median": median.mean(), "kurtosis": z.pow(4).mean() - 3.0}
 
 
 def qk_grad_norms(attn: MultiHeadAttention) -> tuple[float, float]:

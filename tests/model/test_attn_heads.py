@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 T, H, D = 6, 3, 4
 KEYS = ("entropy", "entropy_norm", "max_logit", "saturated", "raw_var", "raw_max_logit",
-        "q_norm", "k_norm")
+        "q_norm", "k_norm", "first_mass", "sink_score", "sink_rate", "sink_weight")
 
 
 def hand_made_model(scaling="learned"):

@@ -224,7 +224,8 @@ def test_attention_stats_are_each_layers_own_on_its_input():
         x = model.wte(idx) + model.wpe(pos)
         for block, layer in zip(model.blocks, stats, strict=True):
             assert set(layer) == {"entropy", "entropy_norm", "max_logit", "saturated",
-                                  "raw_var", "raw_max_logit", "q_norm", "k_norm"}
+                                  "raw_var", "raw_max_logit", "q_norm", "k_norm",
+                                  "first_mass", "sink_score", "sink_rate", "sink_weight"}
             assert all(v.shape == (2,) and v.isfinite().all() for v in layer.values())
             info = explain(block.attn, block.ln_1(x), causal=True, valid_mask=valid)
             for key in info.stats:
