@@ -4,7 +4,7 @@ validates itself when built, before anything is downloaded."""
 from dataclasses import dataclass
 from typing import Optional
 
-from model.errors import DataError, invalid
+from model.errors import DataError, check_bools, invalid
 
 # What one document is, per source; the padded batching mode never crosses a document.
 DOCUMENTS = {"shakespeare": ("work",), "hub": ("row", "line", "paragraph", "article"),
@@ -70,6 +70,7 @@ class DataConfig:
                  "vocabulary fits in 65,536 ids, else uint32)")):
             if getattr(self, key) not in choices:
                 raise bad(key, getattr(self, key), f"choose one of {', '.join(choices)}{note}.")
+        check_bools("data", self)
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise bad("name", self.name, "use a short non-empty name without '/', it becomes "
                       "part of the cache folder name.")

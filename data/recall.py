@@ -66,6 +66,8 @@ def check(cfg: DataConfig) -> None:
         raise bad("num_keys/min_pairs/seq_len", (cfg.num_keys, cfg.min_pairs, cfg.seq_len),
                   "kv needs num_keys >= 2 (the other pairs carry another key) and min_pairs "
                   "<= seq_len - 1 (a row is up to seq_len - 1 pairs and the query).")
+    if not (type(cfg.seed) is int and cfg.seed >= 0):   # numpy's generators take no other
+        raise bad("seed", cfg.seed, "use an integer >= 0; it seeds every stream of the task.")
     if cfg.task == "mqar" and not 0 < cfg.power_a <= 1:
         raise bad("power_a", cfg.power_a, "use a number in (0, 1] (Zoology's 0.01 puts "
                   "most queries early; 1 spreads them evenly).")

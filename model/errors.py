@@ -1,6 +1,7 @@
 """Errors a user can fix by changing their input, and the checks that raise them. Entry points
 print a UserError as one paragraph and exit with code 2; library callers can catch a ValueError."""
 
+import dataclasses
 import math
 
 
@@ -41,3 +42,13 @@ def check_positive_int(key: str, value) -> None:   # a bool is not a count
 def check_dropout(key: str, value) -> None:
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
         raise ConfigError(f"{key}={value!r} must be in [0, 1); 0.0 turns dropout off.")
+
+
+def check_bools(group: str, config) -> None:
+    """ConfigError for a field of the dataclass `config` declared bool that holds anything but
+    True or False: a switch given as 2, 1 or "yes" is a mistake, not a true."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.type in (bool, "bool") and type(value) is not bool:
+            raise invalid(f"{group}.{f.name}", value, "use true or false (a switch: a number "
+                          "or a word is not read as one).")

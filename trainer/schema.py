@@ -15,7 +15,7 @@ from omegaconf import MISSING
 
 from data.config import DataConfig
 from model.config import GPTConfig, ParamConfig, ScalingConfig
-from model.errors import check_positive_int, is_positive_number, refuse
+from model.errors import check_bools, check_positive_int, is_positive_number, refuse
 
 AUTOCAST = ("fp32", "bf16", "fp16")   # trainer/build.py maps them to autocast dtypes
 PRECISIONS = ("auto", *AUTOCAST)
@@ -104,6 +104,7 @@ class TrainerConfig:
         for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters",
                     "log_every", "ckpt_every"):
             check_positive_int(f"trainer.{key}", getattr(self, key))
+        check_bools("trainer", self)
         refuse("trainer", (
             ("precision", self.precision, self.precision in PRECISIONS,
              f"choose {' | '.join(PRECISIONS)}."),
@@ -145,9 +146,10 @@ class LoggerConfig:
 
 def hydra_schema(cls: type, exclude: tuple[str, ...] = ()) -> type:
     """A mutable copy of `cls`'s fields (names, types, defaults) minus `exclude`, for Hydra to
-    merge into (a frozen one makes OmegaConf's node read-only)."""
+    merge into (a frozen one makes OmegaConf's node read-only). A bool field is Any here: OmegaConf
+    would read 2, "yes" or "on" as true, and the dataclass refuses what is not true or false."""
     hints = typing.get_type_hints(cls)
-    specs = [(f.name, hints[f.name],
+    specs = [(f.name, Any if hints[f.name] in (bool, Optional[bool]) else hints[f.name],
               field(default=f.default) if f.default is not dataclasses.MISSING else
               field(default_factory=f.default_factory)
               if f.default_factory is not dataclasses.MISSING else field(default=MISSING))

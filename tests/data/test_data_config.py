@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from data.config import DataConfig
-from model.errors import DataError
+from model.errors import DataError, UserError
 from scripts import baselines, prepare_data
 from scripts.common import load_config
 
@@ -93,6 +93,14 @@ def test_a_generated_task_has_no_corpus_to_prepare_or_score(capsys, script):
 def test_bad_fields_name_the_field(field, value, needle):
     with pytest.raises(DataError, match=needle.replace(".", r"\.")):
         DataConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("verify", 2), ("streaming", "yes"), ("verify", 0)])
+def test_a_switch_takes_true_or_false_only(field, value):
+    with pytest.raises(UserError, match=rf"^data\.{field}={value!r} is not valid: use true or "
+                                        r"false \(a switch"):
+        DataConfig(**{field: value})
+    assert getattr(DataConfig(**{field: True}), field) is True
 
 
 def test_cross_field_checks():

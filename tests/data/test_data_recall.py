@@ -154,6 +154,7 @@ def test_accuracy_counts_a_hand_made_example():
     ({"task": "kv", "num_keys": 1}, "data.num_keys/min_pairs/seq_len"),
     ({"task": "kv", "min_pairs": 96}, "data.num_keys/min_pairs/seq_len"),
     ({"task": "kv", "min_pairs": 0}, "data.min_pairs"),
+    ({"seed": -1}, "data.seed"),                          # numpy seeds no negative number
 ])
 def test_bad_recall_config_names_the_key(kw, key):
     """The recall checks live in data/recall.py: a DataConfig holds the values, building the

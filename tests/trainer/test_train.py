@@ -69,6 +69,19 @@ def test_bad_overrides_fail_when_composing(bad):
     assert bad.split("=")[0].split(".")[-1] in str(err.value) or "bogus" in str(err.value)
 
 
+@pytest.mark.parametrize("switch", ["trainer.diagnostics=2", "trainer.compile=1",
+                                    "data.verify=yes", "model.bias=no", "param.zero_query=0"])
+def test_a_switch_is_true_or_false_and_nothing_else(tiny_cfg, tmp_path, switch):
+    """Hydra hands a bool setting over as given (OmegaConf would read 2, 1 or yes as true and
+    no as false): anything but true or false is refused, naming the key, before anything is
+    written."""
+    key, value = switch.split("=")
+    with pytest.raises(UserError, match=rf"^{key}=('?){value}\1 is not valid: use .*true or "
+                                        r"false\b"):
+        train.train(derive(tiny_cfg, [switch]), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("scaling", SCALINGS)
 def test_each_scaling_variant_trains(tiny_cfg, tmp_path, scaling):
     run_dir = tmp_path / "run"
