@@ -22,10 +22,16 @@ FINAL = ("final_val_loss_full", "final_val_loss", "init_val_loss", "failed",
          "final_val_accuracy", "steps_to_90", "best_val_loss", "diverged", "finished", "steps",
          "tokens_per_sec", "full_eval_targets", "full_eval_split_targets")
 FIRST_COLUMN = FINAL[0]  # the swept keys are the columns between `run` and this one
-ATTN = tuple(name for name, _, _ in DIAGNOSTICS)
+# where attention's mass goes and the residual stream's size (trainer/diagnose.py), combined
+# over layers as DIAGNOSTICS are; in runs.csv only, absent from runs.csv files written before them
+MASS = (("attn_first_mass", "mean"), ("attn_sink_rate", "mean"), ("attn_sink_weight", "mean"),
+        ("hidden_top1", "max"), ("hidden_median", "mean"), ("hidden_kurtosis", "max"))
+COMBINED = (*((name, how) for name, _, how in DIAGNOSTICS), *MASS)
+ATTN = tuple(name for name, _ in COMBINED)
 EVALS = ("first_eval_step", *(f"first_{a}" for a in ATTN), "last_eval_step",
          "last_val_accuracy", *ATTN)
-OPTIONAL = ("steps_to_90", "last_val_accuracy", "full_eval_targets", "full_eval_split_targets")
+OPTIONAL = ("steps_to_90", "last_val_accuracy", "full_eval_targets", "full_eval_split_targets",
+            *(c for name, _ in MASS for c in (name, f"first_{name}")))
 REF_PREFIX = "ref_"
 LENGTH_COLUMN = re.compile(r"len\d+_")   # RunRecord.lengths, after `trained_length`
 
@@ -53,7 +59,7 @@ def row_of(run: RunRecord, keys: list[str], lengths: list[str], reading: tuple) 
              run.tokens_per_sec, *(run.summary_value(c, int) for c in FINAL[-2:])]
     first, last = run.evals[0], run.evals[-1]
     accuracy = last.get("val_accuracy")
-    attn = [[layer_value(e, name, how) for name, _, how in DIAGNOSTICS] for e in (first, last)]
+    attn = [[layer_value(e, name, how) for name, how in COMBINED] for e in (first, last)]
     evals = [first.get("step"), *attn[0], last.get("step"),
              None if accuracy is None else float(accuracy), *attn[1]]
     length = [run.trained_length, *map(run.lengths.get, lengths)] if lengths else []
@@ -151,7 +157,7 @@ def csv_run(row: dict, keys: list[str], values: dict) -> CsvRun:
         last["val_accuracy"] = values["last_val_accuracy"]
     for name in ATTN:
         for record, column in ((first, f"first_{name}"), (last, name)):
-            if values[column] is not None:
+            if values.get(column) is not None:
                 record[name] = [values[column]]
     summary = {name: values[name] for name in ("final_val_loss_full", "final_val_accuracy",
                                                 "steps", *FINAL[-2:])
