@@ -3,24 +3,35 @@
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 from model.errors import ConfigError, check_dropout, check_positive_int, is_positive_number, refuse
 
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
 SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest weight exceeds this
 
-# The score scales, the one place each is defined: s as a function of the head width d and the
-# ScalingConfig c. `learned` starts at this value and learns one log-scale per head; `qk_norm`
-# normalises q and k first. Adding a scale: docs/scaling.md, "Adding a scale".
+class Scale(NamedTuple):
+    """A score scale: its formula s(d, c) of the head width d and the ScalingConfig c (a row is
+    called as its formula), and the narrowest head it is defined for, which GPTConfig checks."""
+
+    formula: Callable[[int, "ScalingConfig"], float]
+    min_d_head: int = 1
+
+    def __call__(self, d: int, c: "ScalingConfig") -> float:
+        return self.formula(d, c)
+
+
+# The score scales, the one place each is defined. `learned` starts at this value and learns one
+# log-scale per head; `qk_norm` normalises q and k first (over one coordinate a norm leaves 0 or
+# a sign, hence its min_d_head). Adding a scale: docs/scaling.md, "Adding a scale".
 SCALES = {
-    "sqrt_dk": lambda d, c: 1 / math.sqrt(d),    # Vaswani et al. 2017, sec. 3.2.1
-    "none": lambda d, c: 1.0,                    # the ablation
-    "dk": lambda d, c: c.attn_mult / d,          # muP (Yang et al. 2022); attn_mult from param
-    "constant": lambda d, c: 1 / c.divisor,      # one divisor whatever the width
-    "learned": lambda d, c: 1 / math.sqrt(d),    # a temperature per head (cf. Swin v2)
-    "qk_norm": lambda d, c: 1 / math.sqrt(d),    # LN(q).LN(k) (Dehghani et al. 2023)
-    "uniform": lambda d, c: 0.0,                 # the control: what selectivity buys
+    "sqrt_dk": Scale(lambda d, c: 1 / math.sqrt(d)),   # Vaswani et al. 2017, sec. 3.2.1
+    "none": Scale(lambda d, c: 1.0),                   # the ablation
+    "dk": Scale(lambda d, c: c.attn_mult / d),         # muP (Yang et al. 2022); attn_mult: param
+    "constant": Scale(lambda d, c: 1 / c.divisor),     # one divisor whatever the width
+    "learned": Scale(lambda d, c: 1 / math.sqrt(d)),   # a temperature per head (cf. Swin v2)
+    "qk_norm": Scale(lambda d, c: 1 / math.sqrt(d), min_d_head=2),   # LN(q).LN(k) (Dehghani 2023)
+    "uniform": Scale(lambda d, c: 0.0),                # the control: what selectivity buys
 }
 SCALINGS = tuple(SCALES)
 LENGTHS = ("fixed", "log_n", "log_n_eval", "ssmax")   # scaling.length: model/length.py
@@ -128,6 +139,11 @@ class GPTConfig:
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"model.{key} must be a {cls.__name__}, got "
                                   f"{type(getattr(self, key)).__name__}; build it first.")
+        if self.d_head < SCALES[self.scaling.name].min_d_head:
+            raise ConfigError(f"model.d_head={self.d_head} is too narrow for scaling.name="
+                              f"{self.scaling.name}, defined for d_head >= "
+                              f"{SCALES[self.scaling.name].min_d_head} (model/config.py, SCALES); "
+                              "widen model.d_head (or model.d_model) or choose another scale.")
         if self.attn_impl not in ATTN_IMPLS:
             raise ConfigError(f"model.attn_impl={self.attn_impl!r} is not known; choose one of "
                               f"{', '.join(ATTN_IMPLS)}.")

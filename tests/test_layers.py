@@ -126,12 +126,17 @@ def core_modules() -> set[str]:
 
 
 # The lines of the project's files (docstrings, comments and blank lines included) that a default
-# run loads in float32 (on a CPU with AMX tiles auto is bf16 and adds the CPU autocast route);
-# a change that adds to them raises these bounds on purpose, in review. The fast test below
-# counts the module-level import closure of train.py (and of the cache's build path);
-# tests/e2e/test_default_run.py counts what two fresh processes load.
-MAX_DEFAULT_RUN_LINES = 2298   # a run on a cached corpus: every run after the first
-MAX_FIRST_RUN_LINES = 2856     # the first run, which also builds the token cache
+# run loads in float32 (on a CPU with AMX tiles auto is bf16 and adds the CPU autocast route), as
+# last counted, and the bounds HEADROOM above them: room for a new scale or normaliser (a row of
+# SCALES or NORMALISERS, a branch in the attention) without touching this passage. A change that
+# loads more records its count here on purpose, in review; so does one that loads HEADROOM fewer.
+# The fast test below counts the module-level import closure of train.py (and of the cache's
+# build path); tests/e2e/test_default_run.py counts what two fresh processes load.
+DEFAULT_RUN_LINES = 2331   # a run on a cached corpus: every run after the first
+FIRST_RUN_LINES = 2889     # the first run, which also builds the token cache
+HEADROOM = 25
+MAX_DEFAULT_RUN_LINES = DEFAULT_RUN_LINES + HEADROOM
+MAX_FIRST_RUN_LINES = FIRST_RUN_LINES + HEADROOM
 # what a cache miss imports besides (in data.prepare.prepare and ShakespeareSource.corpus)
 BUILD_ENTRIES = ("data.build_cache", "data.shakespeare")
 
@@ -149,13 +154,14 @@ def default_run_modules(first_run: bool = False) -> set[str]:
     return found | {m.rpartition(".")[0] for m in found if "." in m}
 
 
-def test_a_default_run_loads_at_most_the_bound():
+def test_a_default_run_loads_its_count_within_the_headroom():
     files = modules()
-    for first_run, bound in ((False, MAX_DEFAULT_RUN_LINES), (True, MAX_FIRST_RUN_LINES)):
+    for first_run, count in ((False, DEFAULT_RUN_LINES), (True, FIRST_RUN_LINES)):
         loaded = default_run_modules(first_run)
         lines = {m: len(files[m].read_text().splitlines()) for m in loaded}
         assert not loaded & (OPTIONS | INFRASTRUCTURE)
-        assert sum(lines.values()) <= bound, sorted(lines.items())
+        assert sum(lines.values()) <= count + HEADROOM, sorted(lines.items())
+        assert sum(lines.values()) > count - HEADROOM, "the count is stale: record it"
 
 
 def test_every_module_has_one_layer():
