@@ -52,3 +52,20 @@ def check_bools(group: str, config) -> None:
         if f.type in (bool, "bool") and type(value) is not bool:
             raise invalid(f"{group}.{f.name}", value, "use true or false (a switch: a number "
                           "or a word is not read as one).")
+
+
+def check_sampling(keys: tuple[str, str, str], tokens, temperature, top_k) -> None:
+    """ConfigError unless model/generate.py can sample `tokens` new tokens at `temperature` (0:
+    greedy) from the `top_k` likeliest (None: all); `keys` name the three as the caller's user
+    sets them (trainer.sample_*, or Sampling's fields, scripts/sample.py's options)."""
+    tokens_key, temperature_key, top_k_key = keys
+    if not (type(tokens) is int and tokens >= 0):
+        raise ConfigError(f"{tokens_key}={tokens!r} must be an integer >= 0, the number of "
+                          "tokens to generate.")
+    if not (is_positive_number(temperature) or (
+            type(temperature) in (int, float) and temperature == 0)):
+        raise ConfigError(f"{temperature_key}={temperature!r} must be >= 0 and finite: 0 means "
+                          "greedy, e.g. 0.8 samples.")
+    if not (top_k is None or (type(top_k) is int and top_k >= 1)):
+        raise ConfigError(f"{top_k_key}={top_k!r} must be null or a positive integer: sample "
+                          "from the top_k likeliest tokens, or from all (null).")

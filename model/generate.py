@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from model.errors import ConfigError
+from model.errors import ConfigError, check_sampling
 from model.gpt import GPT
 
 
@@ -20,9 +20,8 @@ class Sampling:
     seed: int = 0               # of the torch.Generator the draws come from
 
     def __post_init__(self):
-        if self.temperature < 0 or self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"temperature={self.temperature} must be >= 0 (0 means greedy) "
-                              f"and top_k={self.top_k} must be null or a positive integer.")
+        check_sampling(("max_new_tokens", "temperature", "top_k"), self.max_new_tokens,
+                       self.temperature, self.top_k)
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ from data.tokenizer import encode
 from model.errors import UserError
 from model.generate import Sampling, generate
 from model.gpt import GPT
-from trainer.build import choose_threads
+from trainer.build import choose_threads, pick_device
 from trainer.checkpoint_read import CheckpointError, model_config, read
 
 
@@ -37,10 +37,10 @@ def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, in
 
 
 def sample(run_dir: Path, prompts: list[str], sampling: Sampling, which: str = "best",
-           device: str = "cpu") -> list[str]:
+           device: torch.device = torch.device("cpu")) -> list[str]:
     """Continuations (prompt included) of each prompt, generated as one batch from the
     checkpoint `which` (best or last)."""
-    model, pad_id = load_model(run_dir, which, torch.device(device))
+    model, pad_id = load_model(run_dir, which, device)
     if not (run_dir / "tokenizer.json").is_file():
         raise UserError(f"Cannot sample from {run_dir}: it has no tokenizer.json. Pass the run "
                         "directory that train.py wrote (it holds tokenizer.json and "
@@ -71,13 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top_k", type=int, default=200, help="0 = no top-k filter")
     ap.add_argument("--checkpoint", choices=("best", "last"), default="best")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, cuda, cuda:N, mps, or auto (as trainer.device=auto)")
     ap.add_argument("--threads", type=threads_arg, default="auto",
                     help="CPU threads: auto (as trainer.threads=auto) or a number; 1 on a "
                          "machine that other jobs keep busy; 0 = PyTorch's default")
     args = ap.parse_args(argv)
     try:
-        torch.device(args.device)
+        if args.device != "auto":   # pick_device resolves auto
+            torch.device(args.device)
     except RuntimeError:
         ap.error(f"--device {args.device!r}: give a torch device such as cpu, cuda or cuda:1")
     threads, _ = choose_threads(args.threads)
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k or None, args.seed)
         texts = sample(args.run_dir, args.prompt or ["\n"], sampling, args.checkpoint,
-                       args.device)
+                       pick_device(args.device, "--device"))
     except UserError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -210,17 +210,18 @@ def choose_threads(threads, jobs: Optional[int] = None) -> tuple[Optional[int], 
     return max(1, min(MAX_AUTO_THREADS, cores // sharing)), f"{how}, at most {MAX_AUTO_THREADS}"
 
 
-def pick_device(name: str) -> torch.device:
-    """trainer.device as a torch.device; `cuda` means this process's GPU (LOCAL_RANK)."""
+def pick_device(name: str, key: str = "trainer.device") -> torch.device:
+    """trainer.device (or the setting `key`) as a torch.device; `cuda` means this process's GPU
+    (LOCAL_RANK)."""
+    if (name.startswith("cuda") and not torch.cuda.is_available()) or (
+            name == "mps" and not torch.backends.mps.is_available()):
+        raise UserError(f"{key}={name} is not available on this machine; use {key}=auto or "
+                        "cpu.")
     if name == "auto":
         name = ("cuda" if torch.cuda.is_available()
                 else "mps" if torch.backends.mps.is_available() else "cpu")
     if name == "cuda":
         name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    if (name.startswith("cuda") and not torch.cuda.is_available()) or (
-            name == "mps" and not torch.backends.mps.is_available()):
-        raise UserError(f"trainer.device={name} is not available on this machine; use "
-                        "trainer.device=auto or cpu.")
     device = torch.device(name)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -15,7 +15,8 @@ from omegaconf import MISSING
 
 from data.config import DataConfig
 from model.config import GPTConfig, ParamConfig, ScalingConfig
-from model.errors import check_bools, check_positive_int, is_positive_number, refuse
+from model.errors import (check_bools, check_positive_int, check_sampling, is_positive_number,
+                          refuse)
 
 AUTOCAST = ("fp32", "bf16", "fp16")   # trainer/build.py maps them to autocast dtypes
 PRECISIONS = ("auto", *AUTOCAST)
@@ -105,6 +106,9 @@ class TrainerConfig:
                     "log_every", "ckpt_every"):
             check_positive_int(f"trainer.{key}", getattr(self, key))
         check_bools("trainer", self)
+        check_sampling(("trainer.sample_tokens", "trainer.sample_temperature",
+                        "trainer.sample_top_k"), self.sample_tokens, self.sample_temperature,
+                       self.sample_top_k)
         refuse("trainer", (
             ("precision", self.precision, self.precision in PRECISIONS,
              f"choose {' | '.join(PRECISIONS)}."),
@@ -114,10 +118,6 @@ class TrainerConfig:
             ("threads", self.threads, self.threads in ("auto", None) or (
                 type(self.threads) is int and self.threads >= 1),   # a bool is not a count
              "use auto, a number of threads >= 1, or null (leave PyTorch's count as it is)."),
-            ("sample_tokens/sample_temperature", (self.sample_tokens, self.sample_temperature),
-             self.sample_tokens >= 0 and self.sample_temperature >= 0, "use values >= 0."),
-            ("sample_top_k", self.sample_top_k, self.sample_top_k is None
-             or self.sample_top_k >= 1, "use null or >= 1."),
             ("z_loss", self.z_loss, self.z_loss >= 0 and math.isfinite(self.z_loss),
              "use 0 (off) or a small positive coefficient, e.g. 1e-4."),
             ("full_eval_tokens", self.full_eval_tokens, self.full_eval_tokens is None

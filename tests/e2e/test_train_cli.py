@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import (
     CONFIGS,
     ROOT,
@@ -115,6 +116,8 @@ def refused(tmp_path_factory) -> tuple[Path, dict]:
     runs["sample"] = ("scripts/sample.py", [str(folder / "trained"), "--prompt", "the",
                                             "--prompt", "a pale moon", "--max_new_tokens", "12"],
                       [])
+    for option, value, _ in BAD_SAMPLING:
+        runs[option] = ("scripts/sample.py", [str(folder / "trained"), option, value], [])
     for name in LOGGERS:   # the package hidden from the import system
         runs[name] = ("train.py", [f"logger={name}", f"hydra.run.dir={folder}/{name}"], [name])
     return folder, dict(zip(runs, run_scripts(list(runs.values()))))
@@ -164,6 +167,26 @@ def test_train_py_without_the_package_exits_2_before_writing(refused, name):
         f"install -r requirements-loggers.txt` (both loggers) or `pip install "
         f"{loggers.PACKAGES[name]}`, or train without it: logger=none."]
     assert not (folder / name).exists()   # nothing prepared or written: not even .hydra/
+
+
+# scripts/sample.py's bad options: (option, value, its one error line)
+ABSENT = next(d for d in ("cuda", "mps") if not (torch.cuda.is_available() if d == "cuda" else
+                                                 torch.backends.mps.is_available()))
+BAD_SAMPLING = [
+    ("--temperature", "nan", "error: temperature=nan must be >= 0 and finite: 0 means greedy, "
+     "e.g. 0.8 samples."),
+    ("--max_new_tokens", "-1", "error: max_new_tokens=-1 must be an integer >= 0, the number of "
+     "tokens to generate."),
+    ("--device", ABSENT, f"error: --device={ABSENT} is not available on this machine; use "
+     "--device=auto or cpu.")]
+
+
+@pytest.mark.parametrize("option, value, says", BAD_SAMPLING)
+def test_sample_script_refuses_a_bad_option_in_one_line(refused, option, value, says):
+    folder, results = refused
+    result = results[option]
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [says]   # no traceback
 
 
 def test_sample_script_command_line(refused):

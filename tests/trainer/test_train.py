@@ -15,6 +15,7 @@ import train
 from data.config import DataConfig
 from model.config import SCALINGS, GPTConfig, ScalingConfig
 from model.errors import UserError
+from model.generate import Sampling
 from model.gpt import GPT
 from trainer.build import make_optimizer, pick_device
 from trainer.job import Diverged
@@ -80,6 +81,21 @@ def test_a_switch_is_true_or_false_and_nothing_else(tiny_cfg, tmp_path, switch):
                                         r"false\b"):
         train.train(derive(tiny_cfg, [switch]), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("tokens", -1, "must be an integer >= 0"), ("temperature", math.nan, "must be >= 0 and finite"),
+    ("temperature", -0.5, "must be >= 0 and finite"), ("top_k", 0, "must be null or a positive")])
+def test_trainer_samples_and_sampling_refuse_alike(field, value, says):
+    """One rule for trainer.sample_* and model/generate.py's Sampling (scripts/sample.py's
+    options), each naming its own key."""
+    trainer_key = {"tokens": "sample_tokens", "temperature": "sample_temperature",
+                   "top_k": "sample_top_k"}[field]
+    sampling_key = {"tokens": "max_new_tokens"}.get(field, field)
+    with pytest.raises(UserError, match=f"^trainer.{trainer_key}={value!r} {says}"):
+        TrainerConfig(**{trainer_key: value})
+    with pytest.raises(UserError, match=f"^{sampling_key}={value!r} {says}"):
+        Sampling(**{"max_new_tokens": 2, sampling_key: value})
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)
