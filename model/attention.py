@@ -9,6 +9,9 @@ additive mask: 0 where a key may be attended, -inf where not (build_mask). `expl
 the equation line by line and keeps the weights; `sdpa` hands the same q, k, v, s and M to
 F.scaled_dot_product_attention; forward picks one with a single `if`, and tests hold the two
 equal. Optional soft-cap (Gemma 2): logits <- c * tanh(logits / c), after the scale.
+scaling.normaliser swaps softmax for NORMALISERS[name] (model/config.py; docs/scaling.md, section
+12): softmax1 and sink add a logit b per head (0; learned) to the denominator, never scaled (SDPA
+gets it as a zero key whose mask column is b); sigmoid weighs each key alone (explicit only).
 s multiplies q before the product: in float16 (q @ k^T) * s overflows 65504 where (q * s) @ k^T
 does not (q = k = 40, d_head = 64: inf versus 12800).
 
@@ -27,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.config import SCALES, GPTConfig
+from model.config import NORMALISERS, SCALES, SDPA_NORMALISERS, GPTConfig
 
 
 class Mask(NamedTuple):
@@ -75,19 +78,38 @@ def _check_masks(x: Tensor, valid_mask: Optional[Tensor], attn_mask: Optional[Te
             raise ValueError(f"{name} must have shape {shape}, got {tuple(mask.shape)}.")
 
 
-def attention_weights(logits: Tensor, mask: Optional[Mask] = None) -> Tensor:
-    """softmax(logits + M) over the last axis, with Mask's policy for rows that allow nothing."""
+def attention_weights(logits: Tensor, mask: Optional[Mask] = None, normaliser: str = "softmax",
+                      b: Optional[Tensor] = None) -> Tensor:
+    """NORMALISERS[normaliser](logits + M, b) over the last axis (softmax by default; b (H, 1, 1)
+    the extra logit of softmax1 and sink), with Mask's policy for rows that allow nothing."""
+    weigh = NORMALISERS[normaliser]
     if mask is None:
-        return logits.softmax(dim=-1)
-    weights = logits.masked_fill(~mask.attend, float("-inf")).softmax(dim=-1)  # (B, H, T, T)
+        return weigh(logits, b)
+    weights = weigh(logits.masked_fill(~mask.attend, float("-inf")), b)  # (B, H, T, T)
     return mask.zero_empty_rows(weights)
+
+
+def with_sink_key(k: Tensor, v: Tensor, allowed: Optional[Tensor], causal: bool,
+                  b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """SDPA's k, v (B, H, 1 + T, D) and float mask (B|1, H, T, 1 + T) for one more logit b (H, 1,
+    1) in the denominator: a zero key and value first, of logit q.0 * s + b = b (SDPA adds the
+    mask after its scale), then M as 0 where a key may be attended, -inf where not."""
+    B, H, T, D = k.shape
+    if allowed is None:  # every key, or key <= query
+        allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=k.device)
+        allowed = allowed.tril() if causal else allowed
+    keys = torch.zeros_like(allowed, dtype=k.dtype).masked_fill(~allowed, float("-inf"))
+    keys = keys.expand(-1, H, T, T)  # (B|1, H, T, T)
+    mask = torch.cat([b.to(k.dtype).expand(keys.shape[0], H, T, 1), keys], dim=-1)  # b, then M
+    zero = k.new_zeros(B, H, 1, D)
+    return torch.cat([zero, k], dim=-2), torch.cat([zero, v], dim=-2), mask
 
 
 class MultiHeadAttention(nn.Module):
     """softmax(Q K^T * s + M) V over config.n_head heads of width config.d_head, then an output
     projection back to config.d_model. config.attn_impl: "explicit" (readable), "sdpa" (fast),
-    "auto" = sdpa unless a soft-cap is set (SDPA has none). config.dropout drops attention
-    weights in every path while training; config.scaling is the score scale s."""
+    "auto" = sdpa unless a soft-cap or sigmoid is set (SDPA has neither). config.dropout drops
+    attention weights in every path while training; config.scaling: s and the normaliser."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()   # config validated itself when built (model/config.py)
@@ -107,6 +129,8 @@ class MultiHeadAttention(nn.Module):
         if scaling.name == "qk_norm":  # each head's q and k over D, with a learnable gain
             norm = partial(nn.LayerNorm, bias=False) if scaling.norm == "layernorm" else nn.RMSNorm
             self.q_norm, self.k_norm = norm(d_head, eps=1e-5), norm(d_head, eps=1e-5)
+        if scaling.normaliser == "sink":  # b, one logit per head: 0 at the start (softmax1)
+            self.sink = nn.Parameter(torch.zeros(n_head))
         self.rope = self.length = None  # each built below only when a config names it
         if config.pos == "rope":
             from model.rope import Rotary
@@ -123,12 +147,18 @@ class MultiHeadAttention(nn.Module):
         # masks and the fully-masked-row policy apply unchanged, and q, k get zero gradient
         return SCALES[self.scaling.name](self.d_head, self.scaling)
 
+    def sink_logit(self, like: Tensor) -> Tensor:
+        """b (H, 1, 1), the extra logit of softmax1 (0) and sink (learned); never scaled."""
+        b = self.sink if self.scaling.normaliser == "sink" else like.new_zeros(self.n_head)
+        return b.view(self.n_head, 1, 1)  # (H, 1, 1)
+
     def forward(self, x: Tensor, *, causal: bool = True, valid_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None) -> Tensor:
         """x (B, T, C) -> y (B, T, C). valid_mask (B, T): True = real token; attn_mask
         (B|1, 1|H, T, T): True = query may attend key (e.g. document masking)."""
         q, k, v = self.split_heads(x)  # 1. (B, H, T, D) each
-        fused = self.attn_impl != "explicit" and self.scaling.softcap is None
+        fused = (self.attn_impl != "explicit" and self.scaling.softcap is None
+                 and self.scaling.normaliser in SDPA_NORMALISERS)
         # 2. M; SDPA needs no tensor for a plain causal mask (its is_causal)
         plain_causal = fused and causal and valid_mask is None and attn_mask is None
         mask = None if plain_causal else build_mask(x, causal, valid_mask, attn_mask)
@@ -162,22 +192,26 @@ class MultiHeadAttention(nn.Module):
         if self.scaling.softcap is not None:
             c = self.scaling.softcap
             logits = c * torch.tanh(logits / c)  # after the scale, before the mask
-        weights = attention_weights(logits, mask)  # (B, H, T, T)
+        weights = attention_weights(logits, mask, self.scaling.normaliser,
+                                    self.sink_logit(logits))  # (B, H, T, T), over the T keys
         dropped = F.dropout(weights, p=self.dropout, training=self.training)
         return dropped @ v, weights, logits  # (B,H,T,T) @ (B,H,T,D) -> (B,H,T,D)
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Optional[Mask]) -> Tensor:
         """The same equation by F.scaled_dot_product_attention: y (B, H, T, D). mask=None with
         causal=True is SDPA's own causal mask (is_causal); SDPA refuses is_causal together with
-        attn_mask, so a Mask always carries the causal part itself."""
+        attn_mask, so a Mask always carries the causal part itself. softmax1 and sink: a zero key
+        with logit b first (with_sink_key)."""
         s = self.scale()
         if isinstance(s, Tensor) or s == 0.0:
             # `learned`: SDPA's scale= is one Python float; a per-head tensor cannot go there,
             # and turning it into a float would cut its gradient. `uniform`: PyTorch's CPU
             # kernel applies scale=0 to its causal -inf too (0 * -inf = nan). So q carries it.
             q, s = q * s, 1.0  # (B, H, T, D) * (H, 1, 1) or * 0
+        attn_mask = None if mask is None else mask.attend  # (B|1, H|1, T, T) or None
+        if self.scaling.normaliser != "softmax":  # (B, H, 1 + T, D) and (B|1, H, T, 1 + T)
+            k, v, attn_mask = with_sink_key(k, v, attn_mask, causal, self.sink_logit(q))
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if mask is None else mask.attend,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=causal and mask is None, scale=s)  # (B, H, T, D)
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=causal and attn_mask is None, scale=s)  # (B, H, T, D)
         return y if mask is None else mask.zero_empty_rows(y)

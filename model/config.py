@@ -10,6 +10,7 @@ from model.errors import ConfigError, check_dropout, check_positive_int, is_posi
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
 SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest weight exceeds this
 
+
 class Scale(NamedTuple):
     """A score scale: its formula s(d, c) of the head width d and the ScalingConfig c (a row is
     called as its formula), and the narrowest head it is defined for, which GPTConfig checks."""
@@ -41,6 +42,23 @@ PARAMS = ("sp", "mup")
 ATTN_IMPLS = ("auto", "explicit", "sdpa")
 
 
+def softmax_with(z, b):   # e^z_j / (e^b + sum_k e^z_k): one more logit, b, in the denominator
+    return (z - z.logsumexp(-1, keepdim=True).logaddexp(b)).exp()
+
+
+# The normalisers, the one place each is defined: the weights of logits z (.., T, T), -inf where a
+# key may not be attended, and b (H, 1, 1), the extra logit of softmax1 (0) and sink (learned, not
+# scaled); tensor methods only. Adding a normaliser: docs/scaling.md, "Adding a normaliser".
+NORMALISERS = {
+    "softmax": lambda z, b: z.softmax(-1),     # Vaswani et al. 2017: rows sum to 1
+    "softmax1": softmax_with,                  # Miller 2023, "off by one": b = 0
+    "sink": softmax_with,                      # gpt-oss (OpenAI 2025): b learned per head
+    # sigmoid(z - ln n), n the keys the row may attend (Ramapuram et al. 2024): no sum to 1
+    "sigmoid": lambda z, b: (z - z.isfinite().sum(-1, keepdim=True).type_as(z).log()).sigmoid(),
+}
+SDPA_NORMALISERS = ("softmax", "softmax1", "sink")   # softmax1, sink: a zero key of logit b
+
+
 @dataclass(frozen=True)
 class ScalingConfig:
     """Which score scale `s` the attention uses (SCALES above)."""
@@ -53,6 +71,7 @@ class ScalingConfig:
     attn_mult: Optional[float] = None
     length: str = "fixed"  # the factor g(n) of the logits of a row that may attend n keys
     length_base: Optional[int] = None  # T0 of log_n, log_n_eval, ssmax; null: model.block_size
+    normaliser: str = "softmax"  # the weights of the logits (NORMALISERS above)
 
     def __post_init__(self):
         refuse("scaling", (
@@ -69,7 +88,9 @@ class ScalingConfig:
             ("length", self.length, self.length in LENGTHS, f"choose one of {', '.join(LENGTHS)}."),
             ("length_base", self.length_base, self.length_base is None or (
                 type(self.length_base) is int and self.length_base >= 2),
-             "use null (model.block_size) or an integer >= 2, the base T0.")))
+             "use null (model.block_size) or an integer >= 2, the base T0."),
+            ("normaliser", self.normaliser, self.normaliser in NORMALISERS,
+             f"choose one of {', '.join(NORMALISERS)} (e.g. normaliser=sink).")))
 
 
 @dataclass(frozen=True)
@@ -151,6 +172,10 @@ class GPTConfig:
             raise ConfigError(f"model.attn_impl='sdpa' cannot apply scaling.softcap="
                               f"{self.scaling.softcap}: SDPA has no soft-cap; set "
                               "model.attn_impl=explicit (or auto) or scaling.softcap=null.")
+        if self.attn_impl == "sdpa" and self.scaling.normaliser not in SDPA_NORMALISERS:
+            raise ConfigError(f"model.attn_impl='sdpa' cannot compute scaling.normaliser="
+                              f"{self.scaling.normaliser}: SDPA normalises by a softmax; set "
+                              "model.attn_impl=explicit (or auto) or another scaling.normaliser.")
         if self.scaling.name == "dk" and self.scaling.attn_mult is None:   # filled in once:
             # 1 under sp (s = 1/d_head); under mup sqrt(d_head / m), so that s = 1/sqrt(d_head)
             # at the base width (mup's 8 / d_head at d_head 64)

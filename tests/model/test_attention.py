@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from model import attention
 from model.attention import MultiHeadAttention, attention_weights
-from model.config import SCALES, SCALINGS, GPTConfig, ScalingConfig
+from model.config import SCALES, SCALINGS, SDPA_NORMALISERS, GPTConfig, ScalingConfig
 from model.cpu_autocast import CPUAutocastAttention
 from model.diagnostics import explain, qk_grad_norms
 from model.errors import ConfigError
@@ -40,9 +40,10 @@ GPT_FIELDS = {f.name for f in dataclasses.fields(GPTConfig)}
 
 
 def make_mha(name="sqrt_dk", seed=0, cls=MultiHeadAttention, **fields):
-    """A module with random weights; learned temperatures and qk-norm gains are randomised too,
-    so a path that ignored them would be caught. `fields`: GPTConfig's (d_model, n_head, d_head,
-    attn_impl, dropout) over SMALL's, the others ScalingConfig's (softcap, norm)."""
+    """A module with random weights; learned temperatures, qk-norm gains and sink logits are
+    randomised too, so a path that ignored them would be caught. `fields`: GPTConfig's (d_model,
+    n_head, d_head, attn_impl, dropout) over SMALL's, the others ScalingConfig's (softcap, norm,
+    normaliser)."""
     torch.manual_seed(seed)
     model = {**SMALL, **{k: v for k, v in fields.items() if k in GPT_FIELDS}}
     scaling = ScalingConfig(name, **{k: v for k, v in fields.items() if k not in GPT_FIELDS})
@@ -53,6 +54,8 @@ def make_mha(name="sqrt_dk", seed=0, cls=MultiHeadAttention, **fields):
         if name == "qk_norm":
             mha.q_norm.weight.uniform_(0.5, 2.0)
             mha.k_norm.weight.uniform_(0.5, 2.0)
+        if mha.scaling.normaliser == "sink":
+            mha.sink.uniform_(-2.0, 2.0)
     return mha
 
 
@@ -77,14 +80,17 @@ def mask_kwargs(kind, B, T, gen):
 
 
 def run_both(mha, x, kwargs):
-    """Output and input gradient of the explicit and the sdpa path on the same module."""
+    """Output and gradient of the explicit and the sdpa path on the same module: the input's,
+    and under normaliser=sink the sink logits' after it (flattened together)."""
     outs = []
     for impl in ("explicit", "sdpa"):
         mha.attn_impl = impl
+        mha.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_(True)
         y = mha(xi, **kwargs)
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
-        outs.append((y.detach(), xi.grad))
+        sink = [mha.sink.grad] if hasattr(mha, "sink") else []
+        outs.append((y.detach(), torch.cat([xi.grad.flatten(), *sink])))
     return outs
 
 
@@ -124,9 +130,11 @@ def test_masks_must_be_boolean():
                          ids=["T1", "odd", "even"])
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("name", SCALINGS)
-def test_explicit_equals_sdpa(name, kind, shape):
+@pytest.mark.parametrize("normaliser", SDPA_NORMALISERS)   # sigmoid: explicit only
+def test_explicit_equals_sdpa(normaliser, name, kind, shape):
     B, T, H, D, C = shape
-    mha = make_mha(name, d_model=C, n_head=H, d_head=max(D, SCALES[name].min_d_head))
+    mha = make_mha(name, d_model=C, n_head=H, d_head=max(D, SCALES[name].min_d_head),
+                   normaliser=normaliser)
     gen = torch.Generator().manual_seed(B * 100 + T)
     x = torch.randn(B, T, C, generator=gen)
     (y_e, g_e), (y_s, g_s) = run_both(mha, x, mask_kwargs(kind, B, T, gen))
@@ -147,13 +155,15 @@ def count_sdpa_calls(monkeypatch):
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("name", SCALINGS)
-def test_cpu_autocast_attention_equals_explicit(name, kind, monkeypatch):
+@pytest.mark.parametrize("normaliser", SDPA_NORMALISERS)
+def test_cpu_autocast_attention_equals_explicit(normaliser, name, kind, monkeypatch):
     """The speed route of model/cpu_autocast.py: without autocast it is MultiHeadAttention
     (explicit == sdpa to ATOL); under CPU bf16 autocast its one SDPA call computes in float32
     and returns bf16 like the explicit path, with the same values to bf16 precision and finite
     gradients."""
     B, T, H, D, C = 2, 9, 3, 8, 24
-    mha = make_mha(name, d_model=C, n_head=H, d_head=D, cls=CPUAutocastAttention)
+    mha = make_mha(name, d_model=C, n_head=H, d_head=D, cls=CPUAutocastAttention,
+                   normaliser=normaliser)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(B, T, C, generator=gen)
     kwargs = mask_kwargs(kind, B, T, gen)
@@ -195,13 +205,15 @@ def test_cpu_autocast_attention_calls_float32_sdpa(case, monkeypatch):
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(name=st.sampled_from(SCALINGS), kind=st.sampled_from(MASK_KINDS),
        B=st.integers(1, 3), T=st.integers(1, 11), H=st.integers(1, 3), D=st.integers(1, 9),
-       C=st.integers(1, 13), seed=st.integers(0, 2**16))
-def test_explicit_equals_sdpa_property(name, kind, B, T, H, D, C, seed):
+       C=st.integers(1, 13), seed=st.integers(0, 2**16),
+       normaliser=st.sampled_from(SDPA_NORMALISERS))
+def test_explicit_equals_sdpa_property(name, kind, B, T, H, D, C, seed, normaliser):
     """Any shape from each scale's narrowest head up, in float64: the paths compute the same
     thing (test_explicit_equals_sdpa holds them within ATOL in float32), so that no draw fails
     on float32 rounding that a norm over a few near-equal coordinates magnifies."""
     assume(D >= SCALES[name].min_d_head)
-    mha = make_mha(name, d_model=C, n_head=H, d_head=D, seed=seed).double()
+    mha = make_mha(name, d_model=C, n_head=H, d_head=D, seed=seed,
+                   normaliser=normaliser).double()
     gen = torch.Generator().manual_seed(seed)
     x = 3.0 * torch.randn(B, T, C, generator=gen, dtype=torch.float64)
     (y_e, g_e), (y_s, g_s) = run_both(mha, x, mask_kwargs(kind, B, T, gen))
