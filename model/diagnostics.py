@@ -52,7 +52,7 @@ def layer_stats(model: GPT, idx: Tensor, valid_mask: Optional[Tensor] = None
 
     def hook(attn, args, kwargs):
         info = explain(attn, *args, **kwargs)
-        stats.append(info.stats | mass_stats(info.weights, info.rows, normaliser_of(attn)))
+        stats.append(info.stats | mass_stats(info.weights, info.rows, attn.scaling.normaliser))
 
     run_hooked(model, idx, valid_mask, [
         block.attn.register_forward_pre_hook(hook, with_kwargs=True) for block in model.blocks])
@@ -82,10 +82,6 @@ def run_hooked(model: GPT, idx: Tensor, valid_mask: Optional[Tensor], handles: l
     finally:
         for handle in handles:
             handle.remove()
-
-
-def normaliser_of(attn: MultiHeadAttention) -> str:
-    return getattr(attn.scaling, "normaliser", "softmax")
 
 
 def real_rows(q: Tensor, row_ok: Optional[Tensor], valid_mask: Optional[Tensor]) -> Tensor:
@@ -161,7 +157,8 @@ def mass_stats(weights: Tensor, rows: Tensor, normaliser: str) -> dict[str, Tens
                      mean over heads and layers is Gu et al.'s sink rate
         sink_weight  mean over real rows of the weight the normaliser puts outside the real
                      keys, 1 - sum_j w_j: the +1 of softmax1, the learned logit of sink; 0 for
-                     softmax; absent for sigmoid, whose rows need not sum to 1
+                     softmax; absent for sigmoid (and any other normaliser without such a
+                     logit), whose rows need not sum to 1
     Gu et al. 2024 (sail-sg/Attention-Sink, eval_sink_open_source.py, compute_attention_sink):
     on sequences cut to their first 64 tokens, key k's score in a layer and head is the mean
     attention it receives from the queries that can see it, sum_i A[i, k] / (64 - k); a head
@@ -183,11 +180,11 @@ def mass_stats(weights: Tensor, rows: Tensor, normaliser: str) -> dict[str, Tens
     stats = {"first_mass": (first * rows).sum(dim=(0, 2, 3)) / n_rows,
              "sink_score": (score * counted).sum(dim=0) / n_counted,
              "sink_rate": ((score > SINK_EPSILON) & counted).sum(dim=0) / n_counted}
-    if normaliser == "softmax":   # no weight outside the keys
-        stats["sink_weight"] = torch.zeros(H, device=w.device)
-    elif normaliser != "sigmoid":
+    if normaliser in ("softmax1", "sink"):   # the share of the extra logit b
         outside = 1.0 - w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
         stats["sink_weight"] = (outside * rows).sum(dim=(0, 2, 3)) / n_rows
+    elif normaliser == "softmax":   # no weight outside the keys
+        stats["sink_weight"] = torch.zeros(H, device=w.device)
     return stats
 
 

@@ -211,3 +211,35 @@ def test_residual_stats_are_each_blocks_output():
         assert record[f"hidden_{key}"] == pytest.approx([s[key].item() for s in stats])
     assert all(a >= b >= c > m for a, b, c, m in zip(*(record[f"hidden_{k}"] for k in
                                                        ("top1", "top2", "top3", "median"))))
+
+
+@pytest.mark.parametrize("normaliser, b", [("softmax1", (0.0, 0.0)), ("sink", (2.0, -1.0)),
+                                           ("sigmoid", None)])
+def test_the_sink_weight_of_a_hand_set_sink_logit(normaliser, b):
+    """scaling=uniform makes every logit 0, so with the extra logit b of softmax1 (0) or sink
+    (set by hand to 2 and -1 in the two heads) row i puts e^b / (e^b + i + 1) outside its i + 1
+    keys and 1 / (e^b + i + 1) on key 0. Sigmoid: sigmoid(0 - ln(i + 1)) = 1 / (i + 2) on key
+    0, and no sink weight, as its rows need not sum to 1."""
+    T = 10
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=T, n_layer=2, n_head=2, d_model=8,
+                          scaling=ScalingConfig("uniform", normaliser=normaliser)))
+    if normaliser == "sink":
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.sink.copy_(torch.tensor(b))
+    idx = torch.randint(0, 11, (2, T), generator=torch.Generator().manual_seed(1))
+    record = attention_record(model, Batch(idx, idx, None), torch.device("cpu"))
+    heads = record["attn_heads"]
+    if b is None:
+        assert "sink_weight" not in heads and "attn_sink_weight" not in record
+        for layer in heads["first_mass"]:
+            assert layer == pytest.approx([sum(1 / (i + 2) for i in range(T)) / T] * 2)
+        return
+    e = [np.exp(v) for v in b]
+    outside = [sum(eb / (eb + i + 1) for i in range(T)) / T for eb in e]
+    first = [sum(1 / (eb + i + 1) for i in range(T)) / T for eb in e]
+    for layer in range(2):
+        assert heads["sink_weight"][layer] == pytest.approx(outside, rel=1e-5)
+        assert heads["first_mass"][layer] == pytest.approx(first, rel=1e-5)
+    assert record["attn_sink_weight"] == pytest.approx([sum(outside) / 2] * 2, rel=1e-5)
