@@ -60,7 +60,8 @@ def train(cfg: DictConfig, run_dir: Path, job: Optional[Job] = None) -> Optional
                 return None
     if resumed_from is None:
         torch.manual_seed(train_cfg.seed + compute.rank)   # dropout masks differ across processes
-    out = RunDir(run, run_dir, resumed_from, job.overrides)   # no new run where one is
+    out = RunDir(run, run_dir, resumed_from, job.overrides,   # no new run where one is
+                 job.config_files)
     step = state.progress.step
     clock = Clock(step, run.config.tokens_per_step, state.progress.wall_s)
     if step == 0:
@@ -181,11 +182,12 @@ class Clock:
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
+    overrides, files = (list(hc.overrides.task), list(hc.overrides.hydra)), hydra_files(cfg)
     if hc.mode == RunMode.MULTIRUN:   # a sweep's job: trainer/launch.py, only here
         from trainer.launch import SweepJob
-        job = SweepJob(list(hc.overrides.task), list(hc.overrides.hydra))
+        job = SweepJob(*overrides, files)
     else:
-        job = Job(list(hc.overrides.task), list(hc.overrides.hydra))
+        job = Job(*overrides, files)
     run_dir = job.join_processes(Path(hc.runtime.output_dir), cfg.trainer.device)
     rank, together = process_rank(), False   # together: every process leaves at one barrier
     try:
@@ -204,6 +206,15 @@ def hydra_main(cfg: DictConfig) -> None:
         job.leave_processes(together)
     if rank == 0 and summary is not None:   # None: a finished run, resumed, did nothing
         print_outcome(summary, run_dir)
+
+
+def hydra_files(cfg: DictConfig) -> dict[str, str]:
+    """.hydra/'s files as Hydra writes them, for the run to write once its checks pass:
+    configs/config.yaml sets hydra.output_subdir=null, so a refused run writes nothing and a
+    refused resume leaves its folder as it was."""
+    hydra_cfg = HydraConfig.instance().cfg
+    return {"config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
+            "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task)}
 
 
 def print_outcome(summary: dict, run_dir: Path) -> None:

@@ -1,5 +1,5 @@
 """How a run that did not finish exits (the exit codes: docs/training.md, "Configuration"): a
-UserError with code 2 (a folder it made, holding only Hydra's .hydra/, removed), a stop with 128
+UserError with code 2 (a folder it made, still empty, removed), a stop with 128
 + the signal after printing the commands that resume it, a divergence (on_nan=raise) with 3."""
 
 import sys

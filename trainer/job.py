@@ -50,10 +50,14 @@ class StopSignal:
 
 class Job:
     """A run started on its own. `overrides`: its command line's config overrides (run.json
-    records them); `hydra_overrides`: Hydra's own (hydra.*). The resume command repeats both."""
+    records them); `hydra_overrides`: Hydra's own (hydra.*). The resume command repeats both.
+    `config_files`: the files of the run folder's .hydra/ (name: text), which the run writes
+    once its checks pass (train.py's hydra_files)."""
 
-    def __init__(self, overrides: Sequence[str] = (), hydra_overrides: Sequence[str] = ()):
+    def __init__(self, overrides: Sequence[str] = (), hydra_overrides: Sequence[str] = (),
+                 config_files: Optional[dict[str, str]] = None):
         self.overrides, self.hydra_overrides = list(overrides), list(hydra_overrides)
+        self.config_files = config_files or {}
 
     def stop_signals(self) -> Sequence[int]:
         return STOPS

@@ -89,8 +89,9 @@ class JobFailed(CompactHydraException):
 class SweepJob(Job):
     """A job of a sweep (-m or a preset), under any of Hydra's launchers."""
 
-    def __init__(self, overrides: Sequence[str], hydra_overrides: Sequence[str]):
-        super().__init__(overrides, hydra_overrides)
+    def __init__(self, overrides: Sequence[str], hydra_overrides: Sequence[str],
+                 config_files: Optional[dict[str, str]] = None):
+        super().__init__(overrides, hydra_overrides, config_files)
         self.launcher = launcher_name()
         self.sweep_dir = Path(HydraConfig.get().sweep.dir)
 

@@ -36,7 +36,7 @@ MAY_CHANGE_ON_RESUME = (
 
 
 def remove_if_unstarted(run_dir: Path) -> None:
-    """Delete a run directory that holds only Hydra's .hydra/ (the run did not start)."""
+    """Delete a run directory that holds nothing, or only a .hydra/ (the run did not start)."""
     if run_dir.resolve() != Path.cwd().resolve() and run_dir.is_dir() and {
             p.name for p in run_dir.iterdir()} <= {".hydra"}:
         shutil.rmtree(run_dir)

@@ -38,10 +38,12 @@ def cpu_name() -> str:
 
 class RunDir:
     """The run directory as the loop writes it, on rank 0 only. Opening it refuses a new run
-    where another run's files are (every rank), prints what is about to run, adds this segment
-    to run.json, copies tokenizer.json, opens metrics.jsonl (flushed per line) and the logger."""
+    where another run's files are (every rank), prints what is about to run, writes .hydra/'s
+    `config_files` (a resume keeps the ones there), adds this segment to run.json, copies
+    tokenizer.json, opens metrics.jsonl (flushed per line) and the logger."""
 
-    def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str]):
+    def __init__(self, run: Run, path: Path, resumed_from: Optional[Path], overrides: list[str],
+                 config_files: dict[str, str]):
         found = [name for name in RUN_FILES if (path / name).exists()]
         clash = torch.tensor(float(run.config.train_cfg.resume is None and bool(found)))
         if all_reduce_sum(clash.to(run.compute.device)).item() > 0:   # all look before 0 writes
@@ -55,6 +57,10 @@ class RunDir:
             return
         print(start_line(run, resumed_from))
         path.mkdir(parents=True, exist_ok=True)
+        if config_files and (resumed_from is None or not (path / ".hydra").exists()):
+            (path / ".hydra").mkdir(exist_ok=True)
+            for name, text in config_files.items():
+                atomic_write(path / ".hydra" / name, lambda f, text=text: f.write(text.encode()))
         logger_cfg = LoggerConfig(**run.config.resolved.get("logger", {}))
         if logger_cfg.name != "none":
             from trainer.loggers import ExperimentLogger  # loaded only when named

@@ -8,6 +8,7 @@ Each test is as small as its subject allows: the tiny corpus and model, few step
 few hundred steps is one that a signal must land in (the poll below signals at the first logged
 step). What a subprocess would only train is trained in process (train.train)."""
 
+import hashlib
 import json
 import os
 import re
@@ -93,7 +94,10 @@ def printed(stderr: str, what: str) -> str:
 
 BAD = [("scaling=bogus", "config group `scaling` needs one of its options"),
        ("model.n_head=abc", "n_head"), ("model.n_heads=2", "n_heads"),
-       ("model.n_head=3", "model.")]
+       ("model.n_head=3", "model."),
+       ("trainer.diagnostics=2", "error: trainer.diagnostics=2 is not valid: use true or false"),
+       ("model.pos=nope trainer.eval_lengths=[4096]", "error: trainer.eval_lengths=[4096]: the "
+        "validation split has 2,")]
 LOGGERS = ("tensorboard", "wandb")
 
 
@@ -107,8 +111,15 @@ def refused(tmp_path_factory) -> tuple[Path, dict]:
     garbage = folder / "garbage.pt"
     garbage.write_text("not a checkpoint")
     train.train(make_config(tiny), folder / "trained")
-    runs = {bad: ("train.py", [*tiny, bad, f"hydra.run.dir={folder}/bad{i}"], [])
+    runs = {bad: ("train.py", [*tiny, *bad.split(), f"hydra.run.dir={folder}/bad{i}"], [])
             for i, (bad, _) in enumerate(BAD)}
+    kept = shutil.copytree(folder / "trained", folder / "kept")   # a run's folder, as the CLI
+    (kept / ".hydra").mkdir()                                     # leaves it
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (kept / ".hydra" / name).write_text(f"# the {name} of the run as it started\n")
+    shutil.copytree(kept, folder / "kept_before")
+    runs["refused resume"] = ("train.py", [*tiny, "optim.lr=0.002", "trainer.resume=auto",
+                                           f"hydra.run.dir={kept}"], [])
     runs["group"] = ("train.py", ["hydra/launcher=", f"hydra.run.dir={folder}/group"], [])
     runs["garbage"] = ("train.py", [*tiny, f"trainer.resume={garbage}",
                                     f"hydra.run.dir={folder}/new"], [])
@@ -130,6 +141,25 @@ def test_bad_command_line_exits_readably_and_writes_nothing(refused, bad, says):
     assert out.returncode != 0
     assert says in out.stderr and "Traceback" not in out.stderr
     assert not (folder / f"bad{[b for b, _ in BAD].index(bad)}").exists()
+
+
+def checksums(folder: Path) -> dict:
+    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_refused_resume_changes_nothing_in_the_run_folder(refused):
+    """The settings differ from the checkpoint's: refused in one paragraph, and every file of
+    the folder keeps its bytes, .hydra/ included (Hydra writes nothing there before the run's
+    checks pass)."""
+    folder, results = refused
+    result = results["refused resume"]
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(
+        f"error: Cannot resume from {folder / 'kept'}/checkpoints/last.pt: the settings differ "
+        "from the checkpoint's (optim.lr: checkpoint 0.001, now 0.002). Resume with")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert checksums(folder / "kept") == checksums(folder / "kept_before")
 
 
 def test_train_py_exits_2_with_one_paragraph(refused):
