@@ -22,6 +22,7 @@ from trainer.files import read_metrics
 LR_KEY = "optim.lr"
 SEED_KEY = "trainer.seed"
 VARIANT_KEY = "scaling"
+NORMALISER_KEY = "scaling.normaliser"   # the key the normaliser group (normaliser=sink) sets
 SOLVED_ACCURACY = 0.9   # data=recall: solved at the first evaluation this accurate
 RUN_MARKERS = (".hydra/overrides.yaml", "metrics.jsonl", "summary.json", "run.json")
 # How a run was executed or read after training, not what it trains: never a setting to group by.
@@ -173,13 +174,14 @@ def find_run_dirs(root: Path) -> list[Path]:
 
 
 def read_overrides(run_dir: Path, info: dict) -> dict:
-    """.hydra/overrides.yaml (else run.json's) as a dict, less Hydra and EXECUTION_KEYS."""
+    """.hydra/overrides.yaml (else run.json's) as a dict, less Hydra and EXECUTION_KEYS; the
+    normaliser group's choice under its key, NORMALISER_KEY, however it was set."""
     f = run_dir / ".hydra" / "overrides.yaml"
     items = (yaml.safe_load(f.read_text()) or []) if f.exists() else info.get("overrides") or []
     parts = [(key.lstrip("+"), sep, value) for key, sep, value in
              (str(item).partition("=") for item in items)]
-    return {key: value for key, sep, value in parts if sep and not key.startswith(("~", "hydra."))
-            and key not in EXECUTION_KEYS}
+    return {NORMALISER_KEY if key == "normaliser" else key: value for key, sep, value in parts
+            if sep and not key.startswith(("~", "hydra.")) and key not in EXECUTION_KEYS}
 
 
 def load_run(run_dir: Path) -> tuple[Optional[RunRecord], Optional[str]]:
@@ -254,9 +256,14 @@ def group_runs(runs: list[RunRecord], drop: tuple = ()) -> dict[tuple, list[RunR
 
 def label(pairs, default: str = "", short: bool = False) -> str:
     """"key=value, ..." (short: the last part of each dotted key), or `default`."""
-    text = ", ".join(f"{k.rsplit('.', 1)[-1] if short else k}={'default' if v is None else v}"
-                     for k, v in pairs)
-    return text or default
+    return ", ".join(pair_text(k, v, short) for k, v in pairs) or default
+
+
+def pair_text(key: str, value: Optional[str], short: bool = False) -> str:
+    """One setting as label writes it; a normaliser by its name alone ("sink"), which says it."""
+    if key == NORMALISER_KEY and value is not None:
+        return value
+    return f"{key.rsplit('.', 1)[-1] if short else key}={'default' if value is None else value}"
 
 
 def eval_series(run: RunRecord, name: str, reduce) -> tuple[list, list]:

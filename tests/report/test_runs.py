@@ -1,6 +1,7 @@
 """scripts/report/runs.py: which folders are runs, what a run's settings and seed are, how
 runs group."""
 
+import csv
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from scripts.report.runs import (
     load_runs,
     value_order,
 )
+from scripts.report.runs_csv import write_runs_csv
 
 
 def run(overrides: dict, config: dict = None, variant: str = "dk") -> RunRecord:
@@ -62,3 +64,30 @@ def test_run_folders_are_found_without_entering_them(tmp_path):
     runs, skipped = load_runs([sweep])
     assert [r.seed for r in runs] == ["1", "2"] and all(r.partial for r in runs)
     assert skipped == []
+
+
+def test_a_normaliser_is_one_setting_however_set_and_labelled_by_its_name(tmp_path):
+    """normaliser=sink (the group) and scaling.normaliser=softmax1 (the key) are one setting,
+    scaling.normaliser, a runs.csv column; a run that set neither reads its run.json's. label
+    writes a normaliser by its name: "scaling=sqrt_dk, sink", a panel "sink"."""
+    sweep = tmp_path / "sweep"
+    for name, scaling, normaliser in (
+            ("scaling=sqrt_dk,normaliser=sink,trainer.seed=1", "sqrt_dk", "sink"),
+            ("scaling=sqrt_dk,scaling.normaliser=softmax1,trainer.seed=1", "sqrt_dk", "softmax1"),
+            ("scaling=none,trainer.seed=1", "none", "softmax")):
+        (sweep / name).mkdir(parents=True)
+        (sweep / name / "metrics.jsonl").write_text(json.dumps(
+            {"kind": "eval", "step": 0, "val_loss": 4.0}) + "\n")
+        (sweep / name / "run.json").write_text(json.dumps({"overrides": name.split(","), "config": {
+            "scaling": {"name": scaling, "normaliser": normaliser}}}))
+    runs, _ = load_runs([sweep])
+    assert [label(k) for k in group_runs(runs)] == [
+        "scaling=sqrt_dk, sink", "scaling=sqrt_dk, softmax1", "scaling=none, softmax"]
+    assert label((("scaling.normaliser", "sink"), ("model.d_head", "16")), short=True) == (
+        "sink, d_head=16")
+    assert label((("scaling.normaliser", None),)) == "scaling.normaliser=default"
+    write_runs_csv(runs, tmp_path / "runs.csv", "sampled", None)
+    rows = list(csv.DictReader((tmp_path / "runs.csv").open(newline="")))
+    assert sorted((r["scaling"], r["scaling.normaliser"]) for r in rows) == [
+        ("none", "softmax"), ("sqrt_dk", "sink"), ("sqrt_dk", "softmax1")]
+    assert "normaliser" not in rows[0]
