@@ -66,7 +66,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from data.batching import Batcher, BatchShape
 from model.attention import MultiHeadAttention
-from model.config import SCALINGS, GPTConfig, ScalingConfig
+from model.config import NORMALISERS, SCALINGS, SDPA_NORMALISERS, GPTConfig, ScalingConfig
 from model.gpt import GPT
 from scripts.common import ROOT, compose_config, interleave, median_ms, sync, timed
 from trainer.build import autocast_dtype, build, pick_device, precision_name
@@ -196,37 +196,48 @@ def attention_call(layer: MultiHeadAttention, B: int, T: int,
     return call
 
 
-def attention_layer(impl: str, scaling: str, C: int, H: int,
-                    device: torch.device) -> MultiHeadAttention:
+def attention_layer(impl: str, scaling: str, C: int, H: int, device: torch.device,
+                    normaliser: str = "softmax") -> MultiHeadAttention:
     """One attention layer of width C in H heads of C // H, seeded."""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=1, n_head=H, d_model=C, attn_impl=impl,
-                       scaling=ScalingConfig(name=scaling))
+                       scaling=ScalingConfig(name=scaling, normaliser=normaliser))
     return MultiHeadAttention(config).to(device)
 
 
+def attention_cases() -> list[tuple[str, str, str]]:
+    """(impl, scaling, normaliser): every scale under softmax on both paths, and every other
+    normaliser under sqrt_dk on each path that computes it (sigmoid: explicit only)."""
+    return [(impl, s, "softmax") for impl in ("explicit", "sdpa") for s in SCALINGS] + [
+        (impl, "sqrt_dk", n) for n in NORMALISERS if n != "softmax"
+        for impl in ("explicit", "sdpa") if impl == "explicit" or n in SDPA_NORMALISERS]
+
+
 def bench_attention(args, device: torch.device) -> list[dict]:
-    """Rows (T, impl, scaling): fwd+bwd median ms, peak bytes, ratios within the same T."""
+    """Rows (T, impl, scaling, normaliser): fwd+bwd median ms, peak bytes, ratios within the
+    same T: to the explicit path, to sqrt_dk (same normaliser), to softmax (same scale)."""
     amp = autocast_dtype(args.attn_precision, device)
     rows = []
     for T in args.seq_lens:
         B = max(1, args.attn_tokens // T)
-        calls = {(impl, s): attention_call(attention_layer(impl, s, args.attn_width,
-                                                           args.attn_heads, device), B, T, amp)
-                 for impl in ("explicit", "sdpa") for s in SCALINGS}
+        calls = {(impl, s, n): attention_call(attention_layer(
+            impl, s, args.attn_width, args.attn_heads, device, n), B, T, amp)
+            for impl, s, n in attention_cases()}
         for call in calls.values():
             call()  # warm-up
-        names = {f"{impl}/{s}": (impl, s) for impl, s in calls}
+        names = {"/".join(key): key for key in calls}
         peaks = {names[n]: b for n, b in peak_memory({n: calls[names[n]] for n in names},
                                                        device).items()}
         times = interleave(calls, args.attn_rounds, 1, device)
         ms = {key: median_ms(t) for key, t in times.items()}
-        for (impl, s), t in times.items():
-            rows.append({"T": T, "B": B, "impl": impl, "scaling": s, "ms": ms[impl, s],
-                         "times_ms": [1e3 * x for x in t], "peak_bytes": peaks[impl, s],
-                         "speedup_vs_explicit": ms["explicit", s] / ms[impl, s],
-                         "time_vs_sqrt_dk": ms[impl, s] / ms[impl, "sqrt_dk"],
-                         "memory_vs_explicit": peaks[impl, s] / peaks["explicit", s]})
+        for (impl, s, n), t in times.items():
+            rows.append({"T": T, "B": B, "impl": impl, "scaling": s, "normaliser": n,
+                         "ms": ms[impl, s, n], "times_ms": [1e3 * x for x in t],
+                         "peak_bytes": peaks[impl, s, n],
+                         "speedup_vs_explicit": ms["explicit", s, n] / ms[impl, s, n],
+                         "time_vs_sqrt_dk": ms[impl, s, n] / ms[impl, "sqrt_dk", n],
+                         "time_vs_softmax": ms[impl, s, n] / ms[impl, s, "softmax"],
+                         "memory_vs_explicit": peaks[impl, s, n] / peaks["explicit", s, n]})
         del calls
         print(f"attention T={T} done", file=sys.stderr)
     return rows
@@ -540,7 +551,9 @@ def markdown(result: dict) -> str:
         out += ["", "## Attention layer, forward+backward "
                 f"({result['args']['attn_precision']}; C={result['args']['attn_width']}, "
                 f"H={result['args']['attn_heads']}, B x T = {result['args']['attn_tokens']})", "",
-                attention_markdown(result["attention"])]
+                attention_markdown(result["attention"]), "",
+                "## Attention normalisers, sqrt_dk (time over softmax's on the same path)", "",
+                normaliser_markdown(result["attention"])]
     if result.get("step"):
         out += ["", "## Training step (train.py's train_step)", "",
                 step_markdown(result["step"], "nanogpt" in result)]
@@ -582,10 +595,10 @@ def nanogpt_markdown(nanogpt: dict) -> str:
 
 
 def attention_markdown(rows: list[dict]) -> str:
-    by = {(r["T"], r["impl"], r["scaling"]): r for r in rows}
+    """The scales under softmax: explicit and SDPA, each scale's time over sqrt_dk's."""
+    by = {(r["T"], r["impl"], r["scaling"]): r for r in rows if r["normaliser"] == "softmax"}
     body = []
-    for T, s in sorted({(r["T"], r["scaling"]) for r in rows},
-                       key=lambda k: (k[0], SCALINGS.index(k[1]))):
+    for T, s in sorted({(T, s) for T, _, s in by}, key=lambda k: (k[0], SCALINGS.index(k[1]))):
         e, d = by[T, "explicit", s], by[T, "sdpa", s]
         body.append([T, e["B"], s, e["ms"], d["ms"], d["speedup_vs_explicit"],
                      e["time_vs_sqrt_dk"], d["time_vs_sqrt_dk"], mib(e["peak_bytes"]),
@@ -593,6 +606,20 @@ def attention_markdown(rows: list[dict]) -> str:
     return table(["T", "B", "scaling", "explicit ms", "sdpa ms", "sdpa speedup",
                   "explicit vs sqrt_dk", "sdpa vs sqrt_dk", "explicit MiB", "sdpa MiB",
                   "sdpa/explicit memory"], body)
+
+
+def normaliser_markdown(rows: list[dict]) -> str:
+    """The normalisers under sqrt_dk: each path's time over softmax's ("-": no SDPA path)."""
+    by = {(r["T"], r["impl"], r["normaliser"]): r for r in rows if r["scaling"] == "sqrt_dk"}
+    body = []
+    order = list(NORMALISERS)
+    for T, n in sorted({(T, n) for T, _, n in by}, key=lambda k: (k[0], order.index(k[1]))):
+        e, d = by[T, "explicit", n], by.get((T, "sdpa", n), {})
+        body.append([T, e["B"], n, e["ms"], d.get("ms"), e["time_vs_softmax"],
+                     d.get("time_vs_softmax"), mib(e["peak_bytes"]),
+                     mib(d["peak_bytes"]) if d else None])
+    return table(["T", "B", "normaliser", "explicit ms", "sdpa ms", "explicit vs softmax",
+                  "sdpa vs softmax", "explicit MiB", "sdpa MiB"], body)
 
 
 # ---------------------------------------------------------------- command line

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.config import SCALINGS, GPTConfig
+from model.config import NORMALISERS, SCALINGS, SDPA_NORMALISERS, GPTConfig
 from model.gpt import GPT
 from scripts import bench, common
 
@@ -49,19 +49,24 @@ def test_quick_run_records_the_environment(quick):
 
 @pytest.mark.slow
 def test_quick_run_has_every_attention_row(quick):
+    """Every scale under softmax on both paths; every other normaliser under sqrt_dk on the
+    explicit path and, where SDPA computes it, on SDPA; ratios within the same T."""
     rows = quick[0]["attention"]
-    keys = {(r["T"], r["impl"], r["scaling"]) for r in rows}
-    assert keys == {(T, impl, s) for T in QUICK_SEQ_LENS for impl in ("explicit", "sdpa")
-                    for s in SCALINGS}
-    assert len(rows) == len(keys)
-    by = {(r["T"], r["impl"], r["scaling"]): r for r in rows}
-    for (T, impl, s), r in by.items():
+    keys = {(r["T"], r["impl"], r["scaling"], r["normaliser"]) for r in rows}
+    scales = {(impl, s, "softmax") for impl in ("explicit", "sdpa") for s in SCALINGS}
+    normalisers = {("explicit", "sqrt_dk", n) for n in NORMALISERS} | {
+        ("sdpa", "sqrt_dk", n) for n in SDPA_NORMALISERS}
+    assert keys == {(T, *case) for T in QUICK_SEQ_LENS for case in scales | normalisers}
+    assert ("sdpa", "sqrt_dk", "sigmoid") not in normalisers and len(rows) == len(keys)
+    by = {(r["T"], r["impl"], r["scaling"], r["normaliser"]): r for r in rows}
+    for (T, impl, s, n), r in by.items():
         assert r["ms"] > 0 and r["peak_bytes"] > 0 and r["B"] * T == 64
         assert math.isclose(r["ms"], statistics.median(r["times_ms"]))
-        assert math.isclose(r["speedup_vs_explicit"], by[T, "explicit", s]["ms"] / r["ms"])
-        assert math.isclose(r["time_vs_sqrt_dk"], r["ms"] / by[T, impl, "sqrt_dk"]["ms"])
+        assert math.isclose(r["speedup_vs_explicit"], by[T, "explicit", s, n]["ms"] / r["ms"])
+        assert math.isclose(r["time_vs_sqrt_dk"], r["ms"] / by[T, impl, "sqrt_dk", n]["ms"])
+        assert math.isclose(r["time_vs_softmax"], r["ms"] / by[T, impl, s, "softmax"]["ms"])
         assert math.isclose(r["memory_vs_explicit"],
-                            r["peak_bytes"] / by[T, "explicit", s]["peak_bytes"])
+                            r["peak_bytes"] / by[T, "explicit", s, n]["peak_bytes"])
 
 
 @pytest.mark.slow
@@ -90,11 +95,14 @@ def test_quick_run_has_step_and_data_rows(quick):
 def test_quick_markdown_tables_are_well_formed(quick):
     result, md, stdout = quick
     assert md.strip() in stdout
-    for heading in ("## Peak matmul rate", "## Attention layer", "## Training step",
-                    "## Data path", "## Host-device syncs"):
+    for heading in ("## Peak matmul rate", "## Attention layer", "## Attention normalisers",
+                    "## Training step", "## Data path", "## Host-device syncs"):
         assert heading in md
     tables = [block for block in md.split("\n\n") if block.startswith("|")]
-    assert [len(t.splitlines()) - 2 for t in tables] == [2, 2 * len(SCALINGS), 2, 1]
+    assert [len(t.splitlines()) - 2 for t in tables] == [
+        2, 2 * len(SCALINGS), 2 * len(NORMALISERS), 2, 1]
+    sigmoid = [line for line in tables[2].splitlines() if "| sigmoid |" in line]
+    assert len(sigmoid) == 2 and all(line.split(" | ")[4] == "-" for line in sigmoid)  # no SDPA
     assert "nanoGPT ms" not in md and "vs nanoGPT" not in md  # no --nanogpt, no column
     for t in tables:
         widths = {line.count("|") for line in t.splitlines()}
