@@ -3,7 +3,7 @@
     python scripts/plot_runs.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--loss full|sampled]
                                 [--baseline sqrt_dk] [--pair KEY=VALUE ...] [--one-control]
                                 [--against KEY=VALUE,KEY=VALUE,... ...]
-                                [--heads RUN ...] [--heads-seed SEED]
+                                [--figures NAME,...] [--heads RUN ...] [--heads-seed SEED]
                                 [--select-seeds 1,2 | --report-seeds 3,4,5]
                                 [--select-from STAGE1/runs.csv]
     python scripts/plot_runs.py --from-csv DIR/runs.csv --out DIR2 [same options]
@@ -20,7 +20,8 @@ figures; what a study varies comes from its runs' keys and the options, never fr
                      records the step curves draw (scripts/report/runs_csv.py); written when
                      sweep folders were read
 - DIR/*.png          the figures of docs/report.md ("The figures and what they promise"),
-                     each kept to the contract of scripts/report/style.py
+                     each kept to the contract of scripts/report/style.py; --figures names
+                     those to draw (each preset's report command names its own)
 
 docs/report.md says what every table and figure means.
 """
@@ -76,9 +77,27 @@ from scripts.report.runs_csv import (  # noqa: E402
     write_curves,
     write_runs_csv,
 )
-from scripts.report.style import Arms, palette  # noqa: E402
+from scripts.report.style import Arms  # noqa: E402
 from scripts.report.tables import Reading, appendix, markdown_report, seeds_text  # noqa: E402
 from scripts.report.width import WIDTH_KEY, plot_width  # noqa: E402
+
+
+# The figures a report draws where its runs have what each shows (docs/report.md, "The figures
+# and what they promise"), in this order; --figures names some.
+FIGURES = ("loss_curves.png", "accuracy_curves.png", "loss_vs_baseline.png", "diagnostics.png",
+           "qk_grad_norms.png", "length_lookup.png", "length_text.png", "lr_transfer.png",
+           "lr_stability.png", "width_transfer.png")
+
+
+def figure_names(text: str) -> list[str]:
+    """--figures NAME,NAME,...: the names, each one of FIGURES."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in FIGURES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or 'nothing'} is not a figure the report draws; name one or"
+            f" more of {', '.join(FIGURES)}, comma-separated")
+    return names
 
 
 def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
@@ -285,6 +304,9 @@ def command_line() -> argparse.ArgumentParser:
                         help="LR sweep: report the loss at the chosen LR on these seeds only")
     parser.add_argument("--select-from", type=Path, metavar="RUNS_CSV",
                         help="choose each scale's LR on the runs of an earlier stage's runs.csv")
+    parser.add_argument("--figures", type=figure_names, metavar="NAME,...",
+                        help="draw only these figures, e.g. lr_transfer.png,loss_curves.png"
+                        f" (default: each of {', '.join(FIGURES)} the runs can show)")
     parser.add_argument("--heads", action="append", default=[], metavar="RUN",
                         help="also draw DIR/heads_<run>.png, the per-head attention statistics"
                         " of a run: its folder, or KEY=VALUE,... of its settings, e.g."
@@ -351,35 +373,37 @@ def seeds_of(runs: list) -> str:
 
 
 def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], list[str]]:
-    """Draws the figures of the runs into args.out: (notes on what was not drawn, the files)."""
+    """Draws the figures of the runs that --figures names (default: all) into args.out:
+    (notes on what was not drawn, the files)."""
     curves, seeds, notes = (chosen_curves(lr_runs, reading) if lr_runs
                             else (group_runs(runs), f"; {seeds_of(runs)}", []))
     keys = group_runs(runs, drop=(LR_KEY,))
-    arms = Arms.of(keys)   # one palette for the arms of every figure, the length ones' too
-    looks = palette([*map(arms.name, keys), *map(length_arms(arms).name, keys)])
-    frame = Frame(arms, looks, seeds, reading.levels, args.baseline)
-    if not all(map(has_curves, runs)):
+    # one palette for the arms of every figure; --against's keys and the length factor name arms
+    arms = length_arms(Arms.of(keys, {k for setting in reading.against for k, _ in setting}))
+    frame = Frame(arms, arms.looks(keys), seeds, reading.levels, args.baseline)
+    records = all(map(has_curves, runs))
+    if not records:
         notes.append(f"step-curve figures need every run's records (its folder, or the"
                      f" {CURVES_FILE} beside its runs.csv): not drawn")
-    figures = [("loss_curves.png", plot_losses), ("accuracy_curves.png", plot_accuracy),
-               ("loss_vs_baseline.png", plot_vs_baseline), ("diagnostics.png", plot_diagnostics),
-               ("qk_grad_norms.png", plot_qk_grads)] if curves and all(map(has_curves, runs)) \
-        else []
-    drawn = [name for name, plot in figures if save(plot(frame, curves), args.out / name)]
-    drawn += [name for name, plot in (("length_lookup.png", plot_lookup),
-                                      ("length_text.png", plot_text))
-              if save(plot(frame, runs), args.out / name)]
-    if lr_runs:
-        drawn += ["lr_transfer.png"] * save(plot_lr(frame, lr_runs, reading.which),
-                                            args.out / "lr_transfer.png")
-    if lr_runs and reading.plan.select_runs is None and all(map(has_curves, runs)):
-        drawn += ["lr_stability.png"] * save(plot_stability(frame, lr_runs, reading.which),
-                                             args.out / "lr_stability.png")
-    if lr_runs and WIDTH_KEY in varying_keys(lr_runs):
-        drawn += ["width_transfer.png"] * save(plot_width(lr_runs, reading.which),
-                                               args.out / "width_transfer.png")
-    heads, files = draw_heads(args, runs, curves, frame.arms, args.out) \
-        if all(map(has_curves, runs)) else ([], [])
+    step, which = bool(curves) and records, reading.which
+    plans = {"loss_curves.png": step and (lambda: plot_losses(frame, curves)),
+             "accuracy_curves.png": step and (lambda: plot_accuracy(frame, curves)),
+             "loss_vs_baseline.png": step and (lambda: plot_vs_baseline(frame, curves)),
+             "diagnostics.png": step and (lambda: plot_diagnostics(frame, curves)),
+             "qk_grad_norms.png": step and (lambda: plot_qk_grads(frame, curves)),
+             "length_lookup.png": lambda: plot_lookup(frame, runs),
+             "length_text.png": lambda: plot_text(frame, runs),
+             "lr_transfer.png": bool(lr_runs) and (lambda: plot_lr(frame, lr_runs, which)),
+             "lr_stability.png": (bool(lr_runs) and reading.plan.select_runs is None and records
+                                  and (lambda: plot_stability(frame, lr_runs, which))),
+             "width_transfer.png": (bool(lr_runs) and WIDTH_KEY in varying_keys(lr_runs)
+                                    and (lambda: plot_width(lr_runs, which)))}
+    drawn = [name for name in FIGURES if name in (args.figures or FIGURES) and plans[name]
+             and save(plans[name](), args.out / name)]
+    notes += [f"--figures {name}: not drawn, these runs lack what it shows (docs/report.md,"
+              " \"The figures and what they promise\")" for name in args.figures or ()
+              if name not in drawn]
+    heads, files = draw_heads(args, runs, curves, frame.arms, args.out) if records else ([], [])
     return notes + heads, drawn + files
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
@@ -53,7 +54,7 @@ def panel_grid(frame: Frame, groups: dict, rows: int = 0, height: float = 2.6):
     settings = frame.arms.settings(groups)
     n_rows, n_cols = (rows, len(settings)) if rows else (math.ceil(len(settings) / 3),
                                                          min(len(settings), 3))
-    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, sharex=True, layout="constrained",
+    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, layout="constrained",
                              figsize=(max(3.6 * n_cols + 0.8, 8.0), height * n_rows + 1.6))
     return fig, axes, settings
 
@@ -61,16 +62,17 @@ def panel_grid(frame: Frame, groups: dict, rows: int = 0, height: float = 2.6):
 def draw_panel(ax, frame: Frame, members: dict, row: tuple) -> tuple[list, set]:
     """A mean line (and band) per arm; each line's n, arms with a 0 left out."""
     series_of, bounds, log = row
-    ns, zeros = [], set()
+    ns, zeros, drawn = [], set(), []
     for key, runs in members.items():
         series = [series_of(r) for r in runs]
         if log and any(v == 0 for _, ys in series for v in ys):
             zeros.add(frame.arms.name(key))
-        agg = style.aggregate(series, log)
-        if agg is not None:
-            style.draw_mean(ax, agg, frame.looks[frame.arms.name(key)],
-                            arm_label(frame, key, runs), bounds)
+        if (agg := style.aggregate(series, log)) is not None:
+            drawn.append((key, agg))
             ns.append(len(runs))
+    for i, (key, agg) in enumerate(drawn):
+        style.draw_mean(ax, agg, frame.looks[frame.arms.name(key)],
+                        arm_label(frame, key, members[key]), bounds, (i, len(drawn)))
     ax.set_yscale("log" if log else "linear")
     ax.grid(alpha=0.3)
     return ns, zeros
@@ -172,9 +174,12 @@ def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str,
         style.reference_lines(ax, row[3] if row[3:] else {})
         if extra:
             extra(ax, i, members)
+        if xlog:   # the x values drawn as the ticks
+            value_ticks(ax, sorted({x for line in ax.lines if not style.reference(line, ax)
+                                    for x in line.get_xdata()}))
         ax.set_title(panel_title(setting) if i == 0 else "", fontsize=9)
         ax.set_ylabel(ylabel if j == 0 else "", fontsize=8)
-        ax.set(xlabel=xlabel if i == len(rows) - 1 else "", xscale="log" if xlog else "linear")
+        ax.set(xlabel=xlabel if i == len(rows) - 1 else "")
     left = "; ".join(f"{arm}: 0 in {', '.join(sorted(r))}" for arm, r in zeros.items())
     return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}"
                         + ("; log rows: geometric mean" if any(r[3] for r in rows) else "")
@@ -259,7 +264,7 @@ def plot_heads(run, name: str):
         for h in range(n_head) for v in head_series(run, row[0], layer, h)[1])]
     dropped = [r[1].split("\n")[0] for r in HEAD_ROWS if r[0] in last and r not in rows]
     block = run.setting("model.block_size")
-    fig, axes = plt.subplots(len(rows), n_layer, squeeze=False, sharex=True,
+    fig, axes = plt.subplots(len(rows), n_layer, squeeze=False,
                              figsize=(max(3.0 * n_layer + 1.0, 7.0), 2.0 * len(rows) + 1.6),
                              layout="constrained")
     for (i, row), layer in itertools.product(enumerate(rows), range(n_layer)):
@@ -303,12 +308,13 @@ def hold_flat(ax, agree: float = 1e-4) -> None:
         ax.set_ylim(centre - 0.055 * abs(centre), centre + 0.055 * abs(centre))
 
 
-def lr_ticks(ax, lrs: list[float], most: int = 8) -> None:
-    """The LRs tried as upright x ticks (every k-th where more than `most` would crowd)."""
+def value_ticks(ax, values: list[float], most: int = 8) -> None:
+    """The x values drawn (the LRs tried, say) as upright ticks of a log axis, every k-th
+    labelled where more than `most` would crowd: every panel its own."""
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
-    every = math.ceil(len(lrs) / most)
-    ax.set_xticks(lrs, [f"{lr:g}" if i % every == 0 else "" for i, lr in enumerate(lrs)],
+    every = math.ceil(len(values) / most)
+    ax.set_xticks(values, [f"{v:g}" if i % every == 0 else "" for i, v in enumerate(values)],
                   fontsize=8, rotation=90)
 
 
@@ -317,18 +323,25 @@ def init_cap(runs) -> float:
 
 
 def lr_curve(ax, frame: Frame, key: tuple, runs: list, reading: tuple) -> list[int]:
-    """One arm's mean clipped loss against LR, a cross where a run failed."""
-    which, levels = reading
+    """One arm's mean clipped loss against LR (geometric on a log axis: style.aggregate), a
+    cross where a run failed; dodged sideways by its place among the panel's arms."""
+    which, log, place = reading
     table = st.lr_table(runs, which)
-    lrs = [lr for lr in table if st.mean_interval(list(table[lr].values()))]
-    ivs = [st.mean_interval(list(table[lr].values())) for lr in lrs]
-    look = frame.looks[frame.arms.name(key)]
-    ax.errorbar(lrs, [iv.mean for iv in ivs], yerr=style.bars(ivs, (0.0, init_cap(runs))),
-                label=frame.arms.name(key), capsize=2, **style.line_style(look))
+    seeds = sorted({s for by_seed in table.values() for s in by_seed}, key=str)
+    agg = style.aggregate([tuple(zip(*((lr, t[s]) for lr, t in table.items() if s in t)))
+                           for s in seeds], log)
+    if agg is None:
+        return []
+    lrs, mean, lo, hi = agg
+    cap, look = init_cap(runs), frame.looks[frame.arms.name(key)]
+    yerr = np.nan_to_num([mean - np.clip(lo, 0.0, cap), np.clip(hi, 0.0, cap) - mean])
+    bars = ax.errorbar(lrs, mean, yerr=yerr if yerr.any() else None, capsize=2,
+                       label=frame.arms.name(key), **style.line_style(look))
     bad = [i for i, lr in enumerate(lrs)
-           if any(st.failure(r, which, levels) is not None for r in runs if r.lr == lr)]
-    ax.plot([lrs[i] for i in bad], [ivs[i].mean for i in bad], "x", ms=9, color=look[0])
-    return [iv.n for iv in ivs]
+           if any(st.failure(r, which, frame.levels) is not None for r in runs if r.lr == lr)]
+    crosses = ax.plot(lrs[bad], mean[bad], "x", ms=9, color=look[0])
+    style.dodge(ax, place, [bars.lines[0], *bars.lines[1], *bars.lines[2], *crosses])
+    return [len(table[lr]) for lr in lrs]
 
 
 def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
@@ -339,20 +352,26 @@ def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
     fig, axes, settings = panel_grid(frame, arms, height=3.2)
     ns = []
     for ax, setting in zip(axes.flat, settings):
-        for key, runs in at(frame, arms, setting).items():
-            ns += lr_curve(ax, frame, key, runs, (which, frame.levels))
-        style.reference_lines(ax, frame.levels or {})
-        ys = [v for line in ax.lines for v in line.get_ydata() if v > 0 and math.isfinite(v)]
-        scale = "log" if ys and max(ys) >= 10 * min(ys) else "linear"   # a decade or more
-        lr_ticks(ax, sorted({r.lr for g in at(frame, arms, setting).values() for r in g}))
-        ax.set(title=panel_title(setting), xlabel="learning rate", yscale=scale,
+        members = at(frame, arms, setting)
+        ys = [v for g in members.values() for by_seed in st.lr_table(g, which).values()
+              for v in by_seed.values() if v > 0]
+        log = bool(ys) and max(ys) >= 10 * min(ys)   # a decade or more
+        for i, (key, runs) in enumerate(members.items()):
+            ns += lr_curve(ax, frame, key, runs, (which, log, (i, len(members))))
+        style.reference_lines(ax, style.levels_near({**(frame.levels or {}),
+                                                     **chance_loss(members)}, ys, log))
+        value_ticks(ax, sorted({r.lr for g in members.values() for r in g}))
+        ax.set(title=panel_title(setting), xlabel="learning rate",
+               yscale="log" if log else "linear",
                ylabel=f"{st.loss_name(which, lr_runs)}\n(clipped at the loss at init)")
         ax.title.set_fontsize(9)
         ax.yaxis.label.set_fontsize(9)
         ax.grid(alpha=0.3)
+    geometric = "; log y: geometric mean and interval" if any(
+        ax.get_yscale() == "log" for ax in fig.axes) else ""
     return style.finish(fig, "Final loss against learning rate, every seed of the sweep (the"
-                        f" seeds that choose each LR); {style.seeds_text(ns, 'point')} (bars cut"
-                        " at 0 and the loss at init); x: a run failed")
+                        f" seeds that choose each LR); {style.seeds_text(ns, 'point')}"
+                        f"{geometric} (bars cut at 0 and the loss at init); x: a run failed")
 
 
 def lowest_seed(runs: list[RunRecord], lr: float) -> tuple[float, RunRecord]:
@@ -394,18 +413,19 @@ def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
     if not any("attn_heads" in e for r in lr_runs for e in r.evals) or all(
             len({r.lr for r in g}) < 2 for g in arms.values()):
         return None
-    fig, axes = plt.subplots(2, len(arms), squeeze=False, sharex="col", layout="constrained",
+    fig, axes = plt.subplots(2, len(arms), squeeze=False, layout="constrained",
                              figsize=(max(2.4 * len(arms), 7.0), 6.0))
     for j, (key, runs) in enumerate(arms.items()):
         picks = edge_runs(runs, which, frame.levels)
         look = frame.looks[frame.arms.name(key)]
         for i, (stat, reduce, ylabel, log) in enumerate(ROWS):
             ax = axes[i][j]
-            for (_, run), dashes in zip(picks, EDGES):
+            for k, ((lr, run), dashes) in enumerate(zip(picks, EDGES)):
                 steps, values = head_extreme(run, stat, reduce)
                 values = [v if v > 0 or not log else math.nan for v in values]
-                ax.plot(steps, values, **{**style.line_style(look), "ls": dashes,
-                                          "markevery": max(1, len(steps) // 5)})
+                ax.plot(steps, values, label=f"{frame.arms.name(key)}, lr {lr:g}", **{
+                    **style.line_style(look), "ls": dashes,
+                    "markevery": (k, max(len(steps) // 5, len(picks)))})
             ax.set(yscale="log" if log else "linear", xlabel="step" if i else "")
             ax.set_ylim(*((None, None) if log else (0.0, 1.05)))
             ax.set_ylabel(ylabel if j == 0 else "", fontsize=9)

@@ -154,7 +154,7 @@ def prediction(frame, ax, row: int, members: dict) -> None:
     for key, group in members.items() if row == 0 else ():   # the reference arm's only
         if is_reference(key, group, frame.baseline) and (agg := style.aggregate([series(
                 r, WEIGHT, lambda r, n, _: predicted(r, n)) for r in group], log=True)):
-            ax.plot(*agg[:2], color=frame.looks[frame.arms.name(key)][0], ls="--", lw=1.2,
+            ax.plot(*agg[:2], color="0.2", ls="--", lw=1.2,   # not an arm's colour
                     label=f"prediction for {frame.arms.name(key)}")
 
 

@@ -1,49 +1,61 @@
 """The figure contract of docs/report.md, written once: an arm's colour and marker, when a band
 is drawn and how far, what a title says of the seeds, how a figure is finished."""
 
+import itertools
 import math
 import textwrap
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+from matplotlib import colormaps
+from matplotlib.colors import to_hex
+from matplotlib.transforms import ScaledTranslation
 
 from model.config import SCALINGS
 from scripts.report import stats as st
 from scripts.report.runs import VARIANT_KEY, setting_order
 
 # Colour, marker and dashes: one per scale of SCALINGS, in its order; other arms (a scale with a
-# switch, say) take the next of EXTRA in the order of their names.
+# switch, say) take the next of EXTRA in the order of their names, then colours of tab20b: no
+# colour twice in a report.
 LOOKS = (("C0", "o", "-"), ("C1", "s", "--"), ("C2", "^", "-."), ("C3", "D", ":"),
          ("C4", "v", (0, (6, 2))), ("C5", "P", (0, (3, 1, 1, 1))), ("C7", "x", (0, (1, 1))),
-         ("C6", "*", "-"), ("C9", "h", "--"), ("C8", "X", "-."), ("#8c564b", "d", ":"),
-         ("#17becf", "p", "-"), ("k", "<", "--"))
+         ("C6", "*", "-"), ("C9", "h", "--"), ("C8", "X", "-."), ("k", "d", ":"),
+         ("#98df8a", "p", "-"), ("#c5b0d5", "<", "--"), ("#ff9896", ">", "-."))
 SCALES = dict(zip(SCALINGS, LOOKS))
 EXTRA = LOOKS[len(SCALINGS):]
 MIN_BAND_N = 3   # a band or bar is a 95% t interval of at least 3 seeds; t(0.975, 1) is 12.7
 LEVEL_STYLES = ((0, (1, 2)), (0, (4, 2)), (0, (2, 1, 1, 1)))
+DODGE = 4.0   # points between the markers of neighbouring lines at one x
 
 
 def palette(arms) -> dict[str, tuple]:
     others = sorted({a for a in arms if a not in SCALES})
+    more = [(to_hex(c), m, d) for c, (_, m, d) in zip(colormaps["tab20b"].colors,
+                                                        itertools.cycle(LOOKS))]
     looks = {a: SCALES[a] for a in arms if a in SCALES}
-    looks.update({a: EXTRA[i % len(EXTRA)] for i, a in enumerate(others)})
+    looks.update(zip(others, [*EXTRA, *more]))
     return looks
 
 
 @dataclass(frozen=True)
 class Arms:
     """A group's arm is its scale plus its switches, keys whose most common value is the
-    default, null or 0 ("sqrt_dk, softcap=50"); its other keys are its setting (a panel)."""
+    default, null or 0 ("sqrt_dk, softcap=50"), or keys that a comparison names (--against);
+    its other keys are its setting (a panel). An arm names each switch that is not at its most
+    common value."""
 
     switches: dict   # key -> its most common value
 
     @classmethod
-    def of(cls, keys) -> "Arms":
+    def of(cls, keys, compared=()) -> "Arms":
+        """compared: keys that are switches whatever their values (--against's)."""
         names = {k for key in keys for k, _ in key[1:]}
         common = {k: Counter(dict(key).get(k) for key in keys).most_common(1)[0][0]
                   for k in names}
-        return cls({k: v for k, v in common.items() if v in (None, "0")})
+        return cls({k: v for k, v in common.items()
+                    if (k in compared if compared else v in (None, "0"))})
 
     def name(self, key: tuple) -> str:
         on = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in key[1:]
@@ -85,22 +97,29 @@ def aggregate(series: list[tuple[list, list]], log: bool = False):
     return (steps, *(np.exp(out) if log else out))
 
 
-def draw_mean(ax, agg, look: tuple, text: str, bounds=(-math.inf, math.inf)) -> None:
-    """A mean line and, where it has one, its band cut to the quantity's range `bounds`."""
+def draw_mean(ax, agg, look: tuple, text: str, bounds=(-math.inf, math.inf),
+              place: tuple[int, int] = (0, 1)) -> None:
+    """A mean line and, where it has one, its band cut to the quantity's range `bounds`.
+    place: (this line's index, the lines in its panel), so that no marker hides another's."""
     steps, mean, lo, hi = agg
-    ax.plot(steps, mean, label=text, markevery=max(1, len(steps) // 6), **line_style(look))
-    if np.isfinite(lo).any():
-        ax.fill_between(steps, np.clip(lo, *bounds), np.clip(hi, *bounds), color=look[0],
-                        alpha=0.18, lw=0)
+    i, n = place
+    every = max(len(steps) // 6, n)   # a long line marks every k-th point (k >= n) from i
+    line = ax.plot(steps, mean, label=text, markevery=(i, every), **line_style(look))
+    band = [ax.fill_between(steps, np.clip(lo, *bounds), np.clip(hi, *bounds), color=look[0],
+                            alpha=0.18, lw=0)] if np.isfinite(lo).any() else []
+    if len(steps) < 2 * every:   # a short one marks every point, its line moved sideways
+        line[0].set_markevery(None)
+        dodge(ax, place, [*line, *band])
 
 
-def bars(ivs, bounds=(0.0, math.inf)):
-    """errorbar's yerr: 95% intervals of MIN_BAND_N seeds or more, cut to `bounds`; or None."""
-    half = [iv.half if iv.half is not None and iv.n >= MIN_BAND_N else 0.0 for iv in ivs]
-    if not any(half):
-        return None
-    return [[min(h, iv.mean - bounds[0]) for h, iv in zip(half, ivs)],
-            [min(h, max(bounds[1] - iv.mean, 0.0)) for h, iv in zip(half, ivs)]]
+def dodge(ax, place: tuple[int, int], artists) -> None:
+    """Moves artists drawn in data units DODGE points sideways per line, centred on the
+    panel's lines, after autoscaling has read their data."""
+    i, n = place
+    moved = ax.transData + ScaledTranslation((i - (n - 1) / 2) * DODGE / 72, 0,
+                                             ax.figure.dpi_scale_trans)
+    for artist in artists:
+        artist.set_transform(moved)
 
 
 def seeds_text(ns, what: str = "line") -> str:
@@ -118,9 +137,28 @@ def reference_lines(ax, levels: dict, colour: str = "0.35") -> None:
                    zorder=1)
 
 
+def reference(line, ax) -> bool:
+    """Whether a line is a reference level or mark, drawn across the panel (axhline, axvline)."""
+    return any(line.get_transform() is t for t in (ax.get_xaxis_transform(),
+                                                   ax.get_yaxis_transform()))
+
+
 def has_data(ax) -> bool:
-    return any(line.get_transform() == ax.transData and np.isfinite(
-        np.asarray(line.get_ydata(), float)).any() for line in ax.lines) or bool(ax.collections)
+    return any(not reference(line, ax) and np.isfinite(np.asarray(line.get_ydata(), float)).any()
+               for line in ax.lines) or bool(ax.collections)
+
+
+def levels_near(levels: dict, values: list, log: bool) -> dict:
+    """The reference levels no farther from the data than the data's own span (on the axis's
+    scale): one far off would squeeze the data into a strip of the panel."""
+    at = (lambda v: math.log(v)) if log else (lambda v: v)
+    finite = [at(v) for v in values if math.isfinite(v) and (v > 0 or not log)]
+    if not finite:
+        return levels
+    lo, hi = min(finite), max(finite)
+    span = max(hi - lo, 1e-9 * abs(hi))
+    return {k: v for k, v in levels.items()
+            if (v > 0 or not log) and lo - span <= at(v) <= hi + span}
 
 
 def finish(fig, title: str, handles: tuple = ()):

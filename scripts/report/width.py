@@ -164,12 +164,13 @@ def plot_width(lr_runs: list[RunRecord], which: str):
 
 
 def width_curves(ax, by_width: dict, optima: dict, colours: dict, which: str) -> None:
-    for w, runs in by_width.items():
+    for i, (w, runs) in enumerate(by_width.items()):
         table = st.lr_table(runs, which)
         means = {lr: st.mean_interval(list(s.values())) for lr, s in table.items()}
         lrs = [lr for lr, m in means.items() if m is not None]
-        ax.plot(lrs, [means[lr].mean for lr in lrs], marker=".", color=colours[w],
-                label=f"d_model={w}")
+        style.dodge(ax, (i, len(by_width)), ax.plot(
+            lrs, [means[lr].mean for lr in lrs], marker=".", color=colours[w],
+            label=f"d_model={w}"))
         found = [v for v in optima[w].values() if v is not None]
         if found:
             ax.axvline(2 ** (sum(found) / len(found)), color=colours[w], lw=0.8, ls=":")

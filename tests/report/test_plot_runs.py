@@ -8,6 +8,7 @@ one-seed LR sweep's report renders every step figure and an LR figure."""
 
 import contextlib
 import io
+import itertools
 import json
 import math
 import shutil
@@ -28,12 +29,13 @@ from conftest import (
     unrendered_savefig,
     without_figures,
 )
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from scipy.stats import ttest_rel
 
+from scripts.report import figures, style
 from scripts.report import stats as st
-from scripts.report import style
-from scripts.report.runs import load_runs
+from scripts.report.runs import LR_KEY, group_runs, load_runs
 
 
 def printed_report(*args, levels=None) -> str:
@@ -290,14 +292,65 @@ def test_lr_curves_show_each_scale_at_its_chosen_lr_on_the_held_out_seeds(lr_swe
     assert all([r.seed for r in h["runs"]] == ["3"] for h in held.values())
 
 
-def test_bars_are_intervals_of_three_seeds_or_more_cut_to_the_range():
-    """Losses 0.001, 0.5, 1.0 of three seeds: the t interval (+-1.24) runs below 0, which a
-    loss cannot; the upper bar keeps the half-width; two seeds draw no bar."""
-    wide, tight = st.mean_interval([0.001, 0.5, 1.0]), st.mean_interval([2.0, 2.1, 2.2])
-    (lower, upper) = style.bars([wide, tight, st.mean_interval([0.5, 0.7])])
-    assert lower == pytest.approx([wide.mean, tight.half, 0.0])
-    assert upper == pytest.approx([wide.half, tight.half, 0.0]) and wide.half > wide.mean
-    assert style.bars([st.mean_interval([0.5, 0.7]), st.mean_interval([0.5])]) is None
+def lr_figure(runs):
+    """lr_transfer.png of the runs, drawn (not rendered) with the report's arms and looks."""
+    keys = group_runs(runs, drop=(LR_KEY,))
+    arms = style.Arms.of(keys)
+    return figures.plot_lr(figures.Frame(arms, arms.looks(keys)), runs, "full")
+
+
+def lr_points(ax) -> dict:
+    """{arm: (LRs, means, [(bar's low end, high end) at each, if any])} of an LR panel."""
+    found = {}
+    for bars in ax.containers:
+        segments = bars.lines[2][0].get_segments() if bars.lines[2] else []
+        found[bars.get_label()] = (*bars.lines[0].get_data(),
+                                   [(seg[0][1], seg[1][1]) for seg in segments])
+    return found
+
+
+def test_an_lr_point_is_the_mean_of_its_seeds_its_bar_cut_at_the_loss_at_init(lr_sweep):
+    """sqrt_dk at 1e-2: the mean of 2.00, 2.05, 2.01 with its t interval; none at 1e-1: 4.0
+    (diverged), 4.0 (5.0 clipped) and 2.9, whose interval (+-1.58) is cut at 4.0."""
+    runs, _ = load_runs([lr_sweep])
+    ax = next(ax for ax in lr_figure(runs).axes if ax.get_title() == "d_head=16")
+    points = lr_points(ax)
+    lrs, means, bars = points["sqrt_dk"]
+    assert list(lrs) == list(LRS) and ax.get_yscale() == "linear"
+    iv = st.mean_interval(clipped("sqrt_dk", 1e-2))
+    assert means[1] == pytest.approx(2.02) and bars[1] == pytest.approx((iv.lo, iv.hi))
+    iv = st.mean_interval(clipped("none", 1e-1))
+    assert points["none"][1][2] == pytest.approx(iv.mean) and iv.hi > INIT
+    assert points["none"][2][2] == pytest.approx((iv.lo, INIT))
+
+
+def test_lr_points_on_a_log_axis_are_geometric_means_with_intervals_of_the_log_losses(tmp_path):
+    """Losses 1e-3, 1e-2, 1e-1 at one LR beside 2.0-2.2 at another (a log axis): the point is
+    their geometric mean 1e-2 (the arithmetic mean, 0.037, is not), its bar 1e-2 x exp(+-t s)
+    with s the standard deviation of the log losses (ln 10); two seeds, a bar of length 0."""
+    for lr, losses in ((1e-3, [1e-3, 1e-2, 1e-1]), (1e-2, [2.0, 2.1, 2.2]), (1e-1, [2.5, 2.6])):
+        for seed, loss in enumerate(losses, start=1):
+            make_run(tmp_path / "s", [f"optim.lr={lr}", "scaling=sqrt_dk",
+                                      f"trainer.seed={seed}"], [INIT, 3.0, loss], full=loss)
+    ax = lr_figure(load_runs([tmp_path / "s"])[0]).axes[0]
+    (lrs, means, bars), = lr_points(ax).values()
+    half = T975[3] * math.log(10) / math.sqrt(3)
+    assert ax.get_yscale() == "log" and means[0] == pytest.approx(1e-2)
+    assert bars[0] == pytest.approx((1e-2 * math.exp(-half), 1e-2 * math.exp(half)))
+    assert means[2] == pytest.approx(math.sqrt(2.5 * 2.6)) and bars[2] == (means[2], means[2])
+
+
+def test_arms_at_one_lr_and_loss_are_drawn_side_by_side(tmp_path):
+    """Three scales with the same losses: their markers at one LR lie DODGE points apart."""
+    for scaling, lr, seed in itertools.product(("sqrt_dk", "none", "dk"), (1e-3, 1e-2), (1, 2)):
+        make_run(tmp_path / "s", [f"optim.lr={lr}", f"scaling={scaling}", f"trainer.seed={seed}"],
+                 [INIT, 3.0, 2.0], full=2.0 + lr)
+    fig = lr_figure(load_runs([tmp_path / "s"])[0])
+    fig.canvas.draw()
+    xs = sorted(bars.lines[0].get_transform().transform(np.column_stack(
+        [np.asarray(v, float) for v in bars.lines[0].get_data()]))[0, 0]
+        for bars in fig.axes[0].containers)
+    assert np.diff(xs) == pytest.approx([style.DODGE * fig.dpi / 72] * 2)
 
 
 def test_seeds_text_states_n_and_says_no_intervals_below_three():
@@ -340,6 +393,13 @@ def test_an_arm_is_a_scale_and_the_switches_it_turns_on():
     looks = arms.looks(keys)
     assert looks["sqrt_dk"] == style.SCALES["sqrt_dk"] and looks["none"] == style.SCALES["none"]
     assert looks["sqrt_dk, softcap=50"] == style.EXTRA[0]
+
+
+def test_the_palette_gives_no_colour_twice():
+    """Every scale and twenty other arms (a scale with a switch): twenty-seven colours."""
+    names = [*style.SCALES, *(f"sqrt_dk, softcap={c}" for c in range(20))]
+    colours = [to_hex(look[0]) for look in style.palette(names).values()]
+    assert len(set(colours)) == len(names)
 
 
 def test_sampled_loss_on_request_and_bad_input(tmp_path, capsys, tables_only):
@@ -684,6 +744,39 @@ def test_against_pairs_every_arm_with_a_reference_setting_at_the_same_other_keys
                              " optim.qk_lr_mult=1", "sqrt_dk")[3].startswith("-0.3000")
     assert "| model.qk_init_std=default, optim.grad_clip=1, optim.qk_lr_mult=1 | none |" \
         not in second   # the reference itself has no row
+
+
+def test_against_names_its_keys_in_each_arm_and_every_arm_is_drawn_against_the_baseline(
+        against_sweep, tmp_path, monkeypatch):
+    """The keys --against compares are the arms' (not panels'): loss_vs_baseline.png draws all
+    four arms besides sqrt_dk in each grad-clip panel, each named by the keys it moved."""
+    shown = {}
+    monkeypatch.setattr(Figure, "savefig", lambda fig, fname, **kw: shown.update(
+        {Path(fname).name: fig}))
+    assert report_in_process(against_sweep, "--out", tmp_path, "--figures", "loss_vs_baseline.png",
+                             "--against", "scaling=sqrt_dk,model.qk_init_std=null,"
+                             "optim.qk_lr_mult=1.0") == 0
+    assert list(shown) == ["loss_vs_baseline.png"]
+    panels = {ax.get_title(): sorted(line.get_label() for line in ax.lines
+                                     if not style.reference(line, ax))
+              for ax in shown["loss_vs_baseline.png"].axes}
+    arms = ["none", "none, qk_init_std=0.01, qk_lr_mult=0.5", "none, qk_init_std=0.05",
+            "none, qk_init_std=0.05, qk_lr_mult=0.5"]
+    assert panels == {"grad_clip=0.5": arms, "grad_clip=1": arms}
+
+
+def test_figures_draws_only_the_figures_named_and_refuses_another_name(against_sweep, tmp_path,
+                                                                       capsys,
+                                                                       unrendered_figures):
+    out = tmp_path / "out"
+    assert report_in_process(against_sweep, "--out", out, "--figures",
+                             "loss_curves.png,lr_transfer.png") == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["loss_curves.png"]
+    assert "--figures lr_transfer.png: not drawn" in (out / "results.md").read_text()
+    with pytest.raises(SystemExit) as exit_:
+        report_in_process(against_sweep, "--out", tmp_path / "new", "--figures", "loss.png")
+    assert exit_.value.code == 2 and not (tmp_path / "new").exists()
+    assert "loss.png is not a figure the report draws" in capsys.readouterr().err
 
 
 def test_against_refuses_a_value_no_run_has(against_sweep, tmp_path, capsys, tables_only):
