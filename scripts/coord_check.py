@@ -3,6 +3,8 @@ size of each layer's output stay put as the model widens, after a few Adam steps
 
     python scripts/coord_check.py [--widths 64 128 256 512 1024] [--steps 5] [--lr 1e-2]
                                   [--seeds 4] [--out docs/figures/coord_check]
+    python scripts/coord_check.py --from-csv docs/figures/coord_check/coord_check.csv
+                                  [--lr 1e-2] [--out DIR]
 
 For each arm of {sp, mup} x {sqrt_dk, dk} (param x scaling) and each width d_model, with
 n_head fixed at 4 so that d_head grows with the width (1/d against 1/sqrt(d) differ only
@@ -24,6 +26,8 @@ figure and the growth table show the mean over seeds, the CSV every seed. It wri
 coord_check.csv (arm, width, seed, step, quantity, value) and coord_check.png (a row of panels
 per arm, one per quantity, width on a log axis, a line per step) into --out, and prints each
 quantity's growth: its value at the widest width over that at the narrowest, at the last step.
+--from-csv redraws the figure and the growth from a coord_check.csv without training (its
+steps and seeds from the CSV; give the --lr it was made with, which the title names).
 Under muP the lines flatten as the width grows; under SP with Adam the updates, and with them
 the attention logits and the output logits, grow with width. docs/scaling.md, section 9, has
 the figure, the measured time and what the check can and cannot tell.
@@ -42,6 +46,7 @@ import torch
 
 from model.config import GPTConfig, ParamConfig, ScalingConfig
 from model.gpt import GPT
+from scripts.report.style import dodge
 from trainer.build import make_optimizer
 from trainer.schema import OptimConfig
 
@@ -177,6 +182,13 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer.writerows({**r, "value": f"{r['value']:.6g}"} for r in rows)
 
 
+def read_csv(path: Path) -> list[dict]:
+    """The rows write_csv wrote (values to 6 significant digits)."""
+    with path.open(newline="") as f:
+        return [{**r, "width": int(r["width"]), "seed": int(r["seed"]), "step": int(r["step"]),
+                 "value": float(r["value"])} for r in csv.DictReader(f)]
+
+
 def plot(rows: list[dict], setup: Setup, path: Path) -> None:
     """A row of panels per arm, a panel per quantity: the mean over seeds against width (log
     axis), a line per step, from dark (initialisation) to light (the last step); each panel's y
@@ -192,8 +204,9 @@ def plot(rows: list[dict], setup: Setup, path: Path) -> None:
             for step in range(setup.steps + 1):
                 by_width = value(rows, arm, name, step)
                 widths = sorted(by_width)
-                ax.plot(widths, [by_width[w] for w in widths], "o-", ms=2.5, lw=1,
-                        color=colors[step], label=f"step {step}")
+                dodge(ax, (step, setup.steps + 1),   # equal values: markers side by side
+                      ax.plot(widths, [by_width[w] for w in widths], "o-", ms=2.5, lw=1,
+                              color=colors[step], label=f"step {step}"))
             ax.set_xscale("log", base=2)
             ax.set_ylim(bottom=0)
             ax.tick_params(labelsize=7)
@@ -224,13 +237,25 @@ def main(argv=None) -> int:
                         help="seeds 0..SEEDS-1, each its own model and batch; means are plotted")
     parser.add_argument("--out", type=Path, default=Path("docs/figures/coord_check"),
                         help="folder for coord_check.csv and coord_check.png (created)")
+    parser.add_argument("--from-csv", type=Path, metavar="CSV",
+                        help="draw coord_check.png from this coord_check.csv, without training")
     args = parser.parse_args(argv)
     if any(w % Setup.n_head for w in args.widths):
         parser.error(f"every width must be divisible by n_head={Setup.n_head}")
-    setup = Setup(steps=args.steps, lr=args.lr, seeds=args.seeds)
-    rows = coord_check(tuple(sorted(args.widths)), setup)
+    if args.from_csv and not args.from_csv.is_file():
+        parser.error(f"--from-csv {args.from_csv}: no such file; give a coord_check.csv that"
+                     " this script wrote")
+    if args.from_csv:
+        rows = read_csv(args.from_csv)
+        setup = Setup(steps=max(r["step"] for r in rows), lr=args.lr,
+                      seeds=len({r["seed"] for r in rows}))
+        args.widths = sorted({r["width"] for r in rows})
+    else:
+        setup = Setup(steps=args.steps, lr=args.lr, seeds=args.seeds)
+        rows = coord_check(tuple(sorted(args.widths)), setup)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, args.out / "coord_check.csv")
+    if not args.from_csv:
+        write_csv(rows, args.out / "coord_check.csv")
     plot(rows, setup, args.out / "coord_check.png")
     lo, hi = min(args.widths), max(args.widths)
     print(f"growth from d_model {lo} to {hi} at step {setup.steps} (1 = flat):")
@@ -239,7 +264,7 @@ def main(argv=None) -> int:
     for name in quantities(setup.n_layer):
         print(f"| {name} | " + " | ".join(f"{growth(rows, a, name, setup.steps):.2f}"
                                           for a in ARMS) + " |")
-    print(f"Wrote {args.out}/coord_check.csv and coord_check.png")
+    print(f"Wrote {args.out}/{'' if args.from_csv else 'coord_check.csv and '}coord_check.png")
     return 0
 
 

@@ -30,6 +30,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from scripts.report.style import dodge  # noqa: E402
+
 D_KS = tuple(2**i for i in range(2, 11))  # 4, 8, ..., 1024
 N_TRIALS = 20_000
 SEED = 0
@@ -483,10 +485,12 @@ def plot_worked_weights(path: Path) -> None:
 def plot_gap_ratio(path: Path) -> None:
     widths = np.array(D_KS, dtype=float)
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.semilogy(widths, [gap_weight_ratio(d, FIXED_DIVISOR) for d in D_KS], "o-",
-                label=f"fixed divisor {FIXED_DIVISOR:g}")
-    ax.semilogy(widths, [gap_weight_ratio(d, math.sqrt(d)) for d in D_KS], "s-",
-                label="divisor sqrt(d_k)")
+    lines = [ax.semilogy(widths, [gap_weight_ratio(d, FIXED_DIVISOR) for d in D_KS], "o-",
+                         label=f"fixed divisor {FIXED_DIVISOR:g}"),
+             ax.semilogy(widths, [gap_weight_ratio(d, math.sqrt(d)) for d in D_KS], "s-",
+                         label="divisor sqrt(d_k)")]
+    for i, line in enumerate(lines):   # equal at d_k = 64: the two markers side by side
+        dodge(ax, (i, len(lines)), line)
     ax.set_xscale("log", base=2)
     for d in HEAD_WIDTHS:  # the widths docs/scaling.md works through
         ratio = gap_weight_ratio(d, FIXED_DIVISOR)
@@ -501,6 +505,15 @@ def plot_gap_ratio(path: Path) -> None:
     plt.close(fig)
 
 
+def draw_figures(var_rows: list[dict], out: Path) -> list[str]:
+    """The three figures of the module docstring, into `out`; their file names."""
+    out.mkdir(parents=True, exist_ok=True)
+    plot_variance(var_rows, out / "variance_vs_dk.png")
+    plot_worked_weights(out / "worked_weights.png")
+    plot_gap_ratio(out / "gap_ratio_vs_width.png")
+    return ["variance_vs_dk.png", "worked_weights.png", "gap_ratio_vs_width.png"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/figures"),
@@ -511,12 +524,7 @@ def main(argv=None) -> int:
 
     var_rows = variance_table(D_KS, args.trials, args.seed)
     print(markdown_report(var_rows, args.trials, args.seed))
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot_variance(var_rows, args.out / "variance_vs_dk.png")
-    plot_worked_weights(args.out / "worked_weights.png")
-    plot_gap_ratio(args.out / "gap_ratio_vs_width.png")
-    print(f"Figures written to {args.out}/: variance_vs_dk.png, worked_weights.png, "
-          "gap_ratio_vs_width.png")
+    print(f"Figures written to {args.out}/: {', '.join(draw_figures(var_rows, args.out))}")
     return 0
 
 
