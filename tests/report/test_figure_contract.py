@@ -1,20 +1,24 @@
-"""The figure contract of docs/report.md ("The figures and what they promise"), checked on the drawn
-matplotlib objects of every committed study: each study's figures are drawn from its committed
-runs.csv and curves.jsonl by the --from-csv command of its preset's header (STUDIES), and every
-figure is checked (not rendered to a file: savefig keeps the Figure). The figures no committed
-study draws yet are drawn from small fixtures of real shrunk runs (FIXTURES):
+"""The figure contract of docs/report.md ("The figures and what they promise") on every committed
+figure. Each study under docs/results/ is redrawn by the --from-csv command of its preset's
+header (STUDIES, read from configs/experiment/*.yaml: the one definition of its options and
+figures), docs/figures/ by scripts/scaling_stats.py and scripts/coord_check.py (from its
+committed CSV); each PNG drawn is compared with the committed file
+(matplotlib.testing.compare, as matplotlib tests its own figures), every committed figure is
+cited in the docs, and each drawn figure is checked on its matplotlib objects:
 
-- no empty axes (a panel without data is dropped, not labelled empty);
-- no text box overlaps another (titles, labels, tick labels, legend entries, legend frames);
-- no legend box and no label inside a panel over a plotted point, and no point outside its
-  panel's view;
-- every text inside the figure;
-- every band and error bar inside its quantity's range, and none at n <= 2, where the title
-  says "no intervals";
-- each arm's colour and marker are the one map's (style.palette);
-- no line joins categorical x positions; a log axis holds no value <= 0 (which it would hide);
-  points on a learning-rate axis lie at the learning rates run;
+- no empty axes; no text box overlaps another; no legend or label over a plotted point, no
+  point outside its panel's view; every text inside the figure;
+- no two lines of a panel share a label or (two arms) a colour; each arm has the one map's
+  colour and marker (style.palette); no marker wholly hidden under another line's;
+- every panel's x axis labels at least two ticks within its data;
+- every band and error bar inside its quantity's range, none at n <= 2, where the title says
+  "no intervals"; no line joins categorical x positions; a log axis holds no value <= 0;
+- every group of the study's runs (its settings but seed and LR) is drawn; a point on a
+  learning-rate axis lies at an LR run and, on a log y axis, is the geometric mean of its
+  seeds' clipped losses (recomputed from runs.csv);
 - the title names the seeds as the run set is (held out, or not), and the LR each arm is drawn at.
+
+Figures no committed study draws are drawn from small fixtures of real shrunk runs (FIXTURES).
 """
 
 import contextlib
@@ -25,6 +29,8 @@ import itertools
 import json
 import math
 import re
+import shlex
+from collections import Counter
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -34,95 +40,116 @@ from conftest import ROOT, report_in_process
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.colors import to_hex
+from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.testing.compare import compare_images
 
 from model.config import SCALINGS
 from scripts.report.style import palette
 
-RESULTS = ROOT / "docs" / "results"
-# study folder -> (options of its --from-csv command, whether the step curves' seeds are held
-# out from the LR choice, {arm: the LR its step curves must be drawn at})
-STUDIES = {
-    "lr_stability": (["--pair", "scaling.softcap=null", "--pair", "optim.qk_clip=null",
-                      "--pair", "trainer.z_loss=0", "--one-control"], False, {}),
-    "recall_fallback": (["--heads", "trainer.seed=2"], None, {}),
-    "recall_headline": (["--heads", "scaling=none,optim.lr=7.5e-4,trainer.seed=1"], False,
-                        {"none": 0.00075, "sqrt_dk": 0.024}),
-    "recall_headline/long": (["--select-from", "docs/results/recall_headline/runs.csv"], True,
-                             {"none": 0.00075, "sqrt_dk": 0.024}),
-    "recall_scaling": (["--select-from", "docs/results/recall_scaling_select/runs.csv",
-                        "--pair", "model.qk_init_std=0.02"], True, {}),
-    "recall_scaling_select": ([], False, {}),
-    "scaling_ablation": (["--select-from", "docs/results/scaling_ablation_select/runs.csv"],
-                         True, {}),
-    "scaling_ablation_select": ([], False, {}),
-    "reparam": (["--against", "scaling=sqrt_dk,model.qk_init_std=null,optim.qk_lr_mult=1",
-                          "--against", "scaling=none,model.qk_init_std=null,optim.qk_lr_mult=1"],
-                         None, {}),
-    "reparam_recall": (["--against", "scaling=sqrt_dk,model.qk_init_std=0.125,optim.qk_lr_mult=1",
-                        "--against", "scaling=none,model.qk_init_std=0.125,optim.qk_lr_mult=1"],
-                       None, {}),
-    "width_transfer": ([], None, {}),
-    "width_transfer/seed2": ([], None, {}),
-    "length_generalisation": ([], None, {}),
-    "length_generalisation_lookup": ([], None, {}),
-    "length_lookup": ([], None, {}),
-    "length_text": ([], None, {}),
-}
-# fixture folder of tests/report/fixtures -> the figures its runs draw (no PNG is committed):
-# 20-step runs of experiment=length_generalisation_lookup (seeds 1-3, scaling.length fixed,
-# log_n, ssmax) and of the default run with trainer.eval_lengths=[64,1024] (model.pos=nope,
-# seeds 1-2, fixed and log_n, trainer.full_eval_tokens=4096)
-FIXTURES = {"length_lookup": ["accuracy_curves.png", "diagnostics.png", "length_lookup.png",
-                              "loss_curves.png", "qk_grad_norms.png"],
-            "length_text": ["diagnostics.png", "length_text.png", "loss_curves.png",
-                            "qk_grad_norms.png"]}
+DOCS = ROOT / "docs"
+RESULTS = DOCS / "results"
+CITING = ("README.md", "docs/results.md", "docs/scaling.md")   # where a figure is cited
+TOLERANCE = 1.0   # RMS pixel difference (of 255) a redrawn PNG may have from the committed one
+# the LRs the held-out stage's step curves are drawn at (the grid's choice, results.md)
+CHOSEN_LRS = {"results/recall_headline/long": {"none": 0.00075, "sqrt_dk": 0.024}}
+# fixture folder of tests/report/fixtures -> the figures no committed study draws: 20-step runs
+# of experiment=length_generalisation_lookup (seeds 1-3, scaling.length fixed, log_n, ssmax)
+# and of the default run with trainer.eval_lengths=[64,1024] (model.pos=nope, seeds 1-2, fixed
+# and log_n, trainer.full_eval_tokens=4096)
+FIXTURES = {"length_lookup": ["diagnostics.png"],
+            "length_text": ["diagnostics.png"]}
 STEP_FIGURES = ("loss_curves.png", "accuracy_curves.png", "loss_vs_baseline.png",
                 "diagnostics.png", "qk_grad_norms.png")
 
 
+def redraw_commands() -> dict[str, list[str]]:
+    """"results/<study>" -> the options of the command in a preset's header that redraws that
+    committed folder from its own runs.csv alone (its --from-csv and --out one folder); a
+    command goes on over the header's next lines that start with an option."""
+    from scripts.plot_runs import command_line
+    found = {}
+    for preset in sorted((ROOT / "configs" / "experiment").glob("*.yaml")):
+        header = [line[1:].strip() for line in itertools.takewhile(
+            lambda line: line.startswith("#"), preset.read_text().splitlines())]
+        for i, line in enumerate(header):
+            _, command, text = line.partition("python scripts/plot_runs.py --from-csv ")
+            more = itertools.takewhile(lambda m: m.startswith("--"), header[i + 1:])
+            args = shlex.split(" ".join(["--from-csv", text, *more])) if command else []
+            parsed = command_line().parse_args(args) if args else None
+            if parsed and not parsed.sweeps and parsed.from_csv == [parsed.out / "runs.csv"]:
+                out = args.index("--out")   # the options: args but --from-csv's and --out's
+                found[str(parsed.out.relative_to("docs"))] = args[2:out] + args[out + 2:]
+    return found
+
+
+STUDIES = redraw_commands()
+
+
+def committed(key: str) -> list[str]:
+    return FIXTURES.get(key) or sorted(p.name for p in (DOCS / key).glob("*.png"))
+
+
+def cases():
+    keys = [*STUDIES, "figures", "figures/coord_check", *FIXTURES]
+    return [(key, name) for key in keys for name in committed(key)]
+
+
+def folder(key: str) -> Path:
+    return ROOT / "tests" / "report" / "fixtures" / key if key in FIXTURES else DOCS / key
+
+
+def redraw(key: str, options: list[str], out: Path) -> None:
+    """A study's figures drawn by its command (report_in_process prints results.md)."""
+    assert report_in_process("--from-csv", folder(key) / "runs.csv", "--out", out,
+                             *options) == 0, key
+
+
+def recording(savefig, shown: dict):
+    """Figure.savefig that writes the file and keeps the figure and its path in `shown`."""
+    def save(fig, fname, **kwargs):
+        savefig(fig, fname, **kwargs)
+        shown[Path(fname).name] = (fig, Path(fname))
+    return save
+
+
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
-    """{study: {figure file name: Figure}}, drawn by the study's command (not rendered)."""
-    figures, out = {}, tmp_path_factory.mktemp("contract")
-    keep = Figure.savefig
+    """{key: {figure file name: (Figure, the PNG written)}}: each study drawn by its command,
+    docs/figures by its scripts."""
+    from scripts import coord_check, scaling_stats
+    out, keep, figures = tmp_path_factory.mktemp("contract"), Figure.savefig, {}
+    commands = {**{key: functools.partial(redraw, key, options)
+                   for key, options in STUDIES.items()},
+                **{key: functools.partial(redraw, key, ["--figures", ",".join(names)])
+                   for key, names in FIXTURES.items()},
+                "figures": lambda to: scaling_stats.draw_figures(scaling_stats.variance_table(),
+                                                                 to),
+                "figures/coord_check": lambda to: coord_check.main([
+                    "--from-csv", str(DOCS / "figures" / "coord_check" / "coord_check.csv"),
+                    "--out", str(to)])}
     try:
-        for study, (options, _, _) in STUDIES.items():
-            shown = figures[study] = {}
-            Figure.savefig = lambda fig, fname, shown=shown, **kw: shown.update(
-                {Path(fname).name: fig})
-            with contextlib.redirect_stdout(io.StringIO()):   # results.md, printed
-                code = report_in_process("--from-csv", folder(study) / "runs.csv", "--out",
-                                         out / study.replace("/", "_"), *options)
-            assert code == 0, study
+        for key, command in commands.items():
+            shown = figures[key] = {}
+            Figure.savefig = recording(keep, shown)
+            with contextlib.redirect_stdout(io.StringIO()):   # results.md, tables, printed
+                command(out / key.replace("/", "_"))
     finally:
         Figure.savefig = keep
         plt.close("all")
     return figures
 
 
-def cases():
-    return [(study, name) for study in STUDIES for name in committed(study)]
-
-
-def folder(study: str) -> Path:
-    return ROOT / "tests" / "report" / "fixtures" / study if study in FIXTURES else RESULTS / study
-
-
-def committed(study: str) -> list[str]:
-    return FIXTURES.get(study) or sorted(p.name for p in (RESULTS / study).glob("*.png"))
-
-
 @functools.cache   # committed files, read once per study, not once per panel
-def runs_of(study: str) -> list[dict]:
-    with open(folder(study) / "runs.csv", newline="") as f:
+def runs_of(key: str) -> list[dict]:
+    with open(folder(key) / "runs.csv", newline="") as f:
         return list(csv.DictReader(f))
 
 
 @functools.cache
-def curves_of(study: str) -> list[dict]:
-    path = folder(study) / "curves.jsonl"
+def curves_of(key: str) -> list[dict]:
+    path = folder(key) / "curves.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
         else []
 
@@ -139,9 +166,10 @@ def rendered(fig):
 
 
 def data_lines(ax):
-    """The lines drawn in data coordinates (not axhline's reference lines)."""
-    return [line for line in ax.lines if line.get_transform() == ax.transData
-            and not line.get_label().startswith("_ref")]
+    """The lines of the data (not axhline's or axvline's reference lines, drawn across the
+    panel in axes units)."""
+    return [line for line in ax.lines if all(line.get_transform() is not t for t in (
+        ax.get_xaxis_transform(), ax.get_yaxis_transform()))]
 
 
 def points(ax) -> np.ndarray:
@@ -149,6 +177,8 @@ def points(ax) -> np.ndarray:
     xy = [np.column_stack([np.asarray(line.get_xdata(), float),
                            np.asarray(line.get_ydata(), float)]) for line in data_lines(ax)
           if line.get_marker() not in ("None", "", " ", None) or len(line.get_xdata()) > 1]
+    xy += [np.array([[p.get_x() + p.get_width() / 2, p.get_height()] for p in c.patches])
+           for c in ax.containers if isinstance(c, BarContainer)]
     xy = [a for a in xy if a.size]
     if not xy:
         return np.zeros((0, 2))
@@ -158,6 +188,30 @@ def points(ax) -> np.ndarray:
 
 def has_data(ax) -> bool:
     return len(points(ax)) > 0 or any(isinstance(c, PolyCollection) for c in ax.collections)
+
+
+def labelled(ax) -> list[tuple[str, object]]:
+    """The panel's labelled data artists, (label, artist): lines (an error bar's label is its
+    container's) and bar series."""
+    found = [(c.get_label(), c.lines[0]) for c in ax.containers
+             if isinstance(c, ErrorbarContainer) and c.lines[0] is not None]
+    found += [(c.get_label(), c.patches[0]) for c in ax.containers
+              if isinstance(c, BarContainer)]
+    found += [(line.get_label(), line) for line in data_lines(ax)]
+    return [(text, artist) for text, artist in found if not text.startswith("_")]
+
+
+def colour(artist) -> str:
+    return to_hex(artist.get_color() if isinstance(artist, Line2D) else artist.get_facecolor())
+
+
+def column_title(fig, ax) -> str:
+    """A panel's title, or that of the panel heading its column (a grid titles its top row)."""
+    x0, y0 = ax.get_position().x0, ax.get_position().y0
+    above = [a for a in fig.axes if a.get_title() and abs(a.get_position().x0 - x0) < 1e-6
+             and a.get_position().y0 >= y0]
+    return ax.get_title() or (min(above, key=lambda a: a.get_position().y0).get_title()
+                              if above else "")
 
 
 def texts(fig) -> list:
@@ -191,6 +245,44 @@ def title(fig) -> str:
 def overlap(a, b, slack: float = 1.0) -> bool:
     return (min(a.x1, b.x1) - max(a.x0, b.x0) > slack
             and min(a.y1, b.y1) - max(a.y0, b.y0) > slack)
+
+
+def arm_of(text: str):
+    """The arm a legend entry names (its text up to ", lr"), or None for other entries."""
+    arm = text.split(" (n=")[0].split(", lr ")[0]
+    return arm if arm.split(",")[0] in SCALINGS else None
+
+
+def drawn_rows(fig, key: str, name: str) -> list[dict]:
+    """The runs.csv rows a figure of this name draws: every row; but those of a scale its title
+    says it left out, the baseline's in a figure of differences from it, and the rows never
+    read past their training length in a length figure."""
+    left_out = title(fig).partition("left out")[2]
+    rows = [r for r in runs_of(key) if not (left_out and f" {r['scaling']}:" in left_out)]
+    if name == "loss_vs_baseline.png":
+        return [r for r in rows if r["scaling"] != "sqrt_dk"]
+    if name.startswith("length_"):
+        return [r for r in rows if any(v and int(m[1]) > int(r["trained_length"]) for c, v in
+                                       r.items() if (m := re.match(r"len(\d+)_", c)))]
+    return rows
+
+
+def settings(key: str) -> list[str]:
+    """The runs.csv columns of the settings a study varies (runs.csv: run, scaling, the
+    override keys, then the measurements from final_val_loss_full on)."""
+    rows = runs_of(key)
+    columns = list(rows[0])[1:list(rows[0]).index("final_val_loss_full")]
+    return [c for c in columns if len({r[c] for r in rows}) > 1]
+
+
+def compared(key: str) -> list[str]:
+    """The keys a study's tables compare arms by: the scale, the length factor, the keys of
+    its --against options, and the --pair keys where --one-control makes them arms."""
+    options = STUDIES.get(key, [])
+    named = [part.split("=")[0] for flag, item in zip(options, options[1:])
+             if flag == "--against" or (flag == "--pair" and "--one-control" in options)
+             for part in item.split(",")]
+    return [c for c in settings(key) if c in ("scaling", "scaling.length", *named)]
 
 
 # ------------------------------------------------------------------ the checks
@@ -261,17 +353,81 @@ def texts_outside(fig) -> list[str]:
                     b.x1 <= frame.x1 + 1 and frame.y0 - 1 <= b.y0 and b.y1 <= frame.y1 + 1)]
 
 
-def quantity_range(ylabel: str, study: str) -> tuple[float, float]:
+def duplicate_labels(fig) -> list[str]:
+    return [f"{ax.get_title()!r}: {n} lines labelled {text!r}" for ax in fig.axes
+            for text, n in Counter(t for t, _ in labelled(ax)).items() if n > 1]
+
+
+def shared_colours(fig) -> list[str]:
+    """Two arms (or two lines of other labels) of a panel never share a colour; the lines of
+    one arm at two LRs may."""
+    bad = []
+    for ax in fig.axes:
+        colours = {arm_of(text) or text: colour(artist) for text, artist in labelled(ax)}
+        for c, n in Counter(colours.values()).items():
+            if n > 1:
+                bad.append(f"{ax.get_title()!r}: {sorted(a for a in colours if colours[a] == c)}"
+                           f" share the colour {c}")
+    return bad
+
+
+def markers_shown(line) -> np.ndarray:
+    """The display positions of a line's drawn markers (its markevery kept)."""
+    if line.get_marker() in ("None", "", " ", None):
+        return np.zeros((0, 2))
+    xy = np.column_stack([np.asarray(line.get_xdata(), float),
+                          np.asarray(line.get_ydata(), float)])
+    every = line.get_markevery()
+    start, step = (0, 1) if every is None else (0, every) if isinstance(every, int) else every
+    xy = xy[start::step]
+    return line.get_transform().transform(xy[np.isfinite(xy).all(axis=1)])
+
+
+def hidden_markers(fig) -> list[str]:
+    """No marker lies wholly under a marker of another line: centres a quarter of a marker
+    apart or closer."""
+    rendered(fig)
+    bad = []
+    for ax in fig.axes:
+        shown = [(text, markers_shown(line), line.get_markersize() * fig.dpi / 72)
+                 for text, line in labelled(ax) if isinstance(line, Line2D)]
+        for (t1, p1, s1), (t2, p2, s2) in itertools.combinations(shown, 2):
+            if len(p1) and len(p2):
+                apart = np.linalg.norm(p1[:, None, :] - p2[None, :, :], axis=2)
+                if n := int((apart.min(axis=1) <= 0.25 * max(s1, s2)).sum()):
+                    bad.append(f"{ax.get_title()!r}: {n} marker(s) of {t1!r} hidden under"
+                               f" {t2!r}'s")
+    return bad
+
+
+def unreadable_x_ticks(fig) -> list[str]:
+    """Every panel with data labels at least two x ticks within the x range of its data."""
+    rendered(fig)
+    bad = []
+    for ax in fig.axes:
+        xs = points(ax)[:, 0]
+        if len(set(xs)) < 2:
+            continue
+        lo, hi = xs.min(), xs.max()
+        shown = [t.get_text() for t in ax.get_xticklabels(which="both") if t.get_text().strip()
+                 and lo - 1e-9 * abs(lo) <= t.get_position()[0] <= hi + 1e-9 * abs(hi)]
+        if len(shown) < 2:
+            bad.append(f"{column_title(fig, ax)!r}: x ticks labelled within its data"
+                       f" ({lo:g} to {hi:g}): {shown}")
+    return bad
+
+
+def quantity_range(ylabel: str, key: str) -> tuple[float, float]:
     """The range a panel's quantity can take, read from its y label: a loss is at most the
     highest loss recorded (at init, as a rule)."""
     text = ylabel.lower()
     if "accuracy" in text or "saturated" in text or "/ ln" in text or "weight" in text:
         return 0.0, 1.0
     if "entropy" in text:
-        blocks = [float(c["settings"].get("model.block_size", 64)) for c in curves_of(study)]
+        blocks = [float(c["settings"].get("model.block_size", 64)) for c in curves_of(key)]
         return 0.0, math.log(max(blocks or [64.0]))
-    losses = [e.get("val_loss") for c in curves_of(study) for e in c["evals"]]
-    losses += [float(r["init_val_loss"]) for r in runs_of(study) if r["init_val_loss"]]
+    losses = [e.get("val_loss") for c in curves_of(key) for e in c["evals"]]
+    losses += [float(r["init_val_loss"]) for r in runs_of(key) if r["init_val_loss"]]
     top = max(v for v in losses if v is not None and math.isfinite(v))
     if "−" in text or " - " in text:   # a difference of losses: within the losses drawn
         return -top, top
@@ -291,10 +447,10 @@ def ylabel_of(fig, ax) -> str:
     return row[0].get_ylabel() if row else ""
 
 
-def intervals_out_of_range(fig, study: str) -> list[str]:
+def intervals_out_of_range(fig, key: str) -> list[str]:
     bad = []
     for ax in fig.axes:
-        low, high = quantity_range(ylabel_of(fig, ax), study)
+        low, high = quantity_range(ylabel_of(fig, ax), key)
         for artist in interval_artists(ax):
             ys = np.concatenate([p.vertices[:, 1] for p in artist.get_paths()] or [[]])
             ys = ys[np.isfinite(ys)]
@@ -317,12 +473,6 @@ def intervals_at_small_n(fig) -> list[str]:
     if drawn and max(ns) <= 2:
         bad.append(f"intervals drawn where every n <= 2 ({title(fig)[:60]!r})")
     return bad
-
-
-def arm_of(text: str):
-    """The arm a legend entry names (its text up to ", lr"), or None for other entries."""
-    arm = text.split(" (n=")[0].split(", lr ")[0]
-    return arm if arm.split(",")[0] in SCALINGS else None
 
 
 def colours_off_the_map(figures: dict) -> list[str]:
@@ -390,8 +540,8 @@ def losses_a_decade_apart_on_a_linear_axis(fig) -> list[str]:
     return bad
 
 
-def off_the_learning_rates(fig, study: str) -> list[str]:
-    lrs = {float(r["optim.lr"]) for r in runs_of(study) if r.get("optim.lr")}
+def off_the_learning_rates(fig, key: str) -> list[str]:
+    lrs = {float(r["optim.lr"]) for r in runs_of(key) if r.get("optim.lr")}
     bad = []
     for ax in fig.axes:
         if ax.get_xlabel() != "learning rate":
@@ -401,6 +551,58 @@ def off_the_learning_rates(fig, study: str) -> list[str]:
         if off:
             bad.append(f"{ax.get_title()!r}: points at x = {off[:3]}, not an LR run")
     return bad
+
+
+def clipped(row: dict) -> float:
+    """A run's final loss clipped at its loss at init, as the LR figures read it."""
+    loss, init = float(row["final_val_loss_full"]), float(row["init_val_loss"])
+    return init if not math.isfinite(loss) else min(loss, init)
+
+
+def arithmetic_means_on_log_axes(fig, key: str) -> list[str]:
+    """On a log y axis each point of a learning-rate panel is the geometric mean of one
+    group's clipped losses at that LR over its seeds (recomputed from runs.csv)."""
+    columns = [c for c in settings(key) if c != "trainer.seed"]   # optim.lr among them
+    seeds = {}
+    for row in runs_of(key):
+        seeds.setdefault(tuple(row[c] for c in columns), []).append(clipped(row))
+    means = [(float(group[columns.index("optim.lr")]), math.exp(np.mean(np.log(losses))))
+             for group, losses in seeds.items()] if "optim.lr" in columns else []
+    bad = []
+    for ax in fig.axes:
+        if ax.get_xlabel() != "learning rate" or ax.get_yscale() != "log":
+            continue
+        for text, line in labelled(ax):
+            for x, y in zip(line.get_xdata(), line.get_ydata()):
+                if not any(math.isclose(x, lr, rel_tol=1e-9) and math.isclose(y, m, rel_tol=1e-6)
+                           for lr, m in means):
+                    bad.append(f"{ax.get_title()!r}: {text} at lr {x:g} drawn at {y:.4g}, not"
+                               " the geometric mean of its seeds")
+    return bad
+
+
+def arms_not_drawn(fig, key: str, name: str) -> list[str]:
+    """The figure draws a line for every group (the runs' settings but seed and LR) it should
+    (drawn_rows), counted as the distinct (column of
+    panels, arm) pairs of its labelled lines (a width figure's lines name widths)."""
+    if name.startswith("heads_"):
+        return []
+    drawn = {(column_title(fig, ax), arm_of(text) or text) for ax in fig.axes
+             for text, _ in labelled(ax) if arm_of(text) or text.startswith("d_model=")}
+    columns = [c for c in settings(key) if c not in ("trainer.seed", "optim.lr")]
+    want = {tuple(r[c] for c in columns) for r in drawn_rows(fig, key, name)}
+    return [] if len(drawn) >= len(want) else [
+        f"{len(drawn)} arm lines drawn for the {len(want)} groups of its runs"]
+
+
+def arms_unnamed(fig, key: str, name: str) -> list[str]:
+    """The figure's line labels tell apart every arm its runs compare (compared): the one
+    legend of the figure names each arm once, and a label stands for one arm."""
+    names = {arm for ax in fig.axes for text, _ in labelled(ax) if (arm := arm_of(text))}
+    keys = compared(key)
+    arms = {tuple(r[c] for c in keys) for r in drawn_rows(fig, key, name)}
+    return [] if not names or len(names) >= len(arms) else [
+        f"{len(names)} arm labels ({sorted(names)}) for the {len(arms)} arms of {keys}"]
 
 
 def claims(fig) -> list[str]:
@@ -414,48 +616,86 @@ def claims(fig) -> list[str]:
     return bad
 
 
-def run_set(fig, name: str, held_out, lrs: dict) -> list[str]:
+def held_out(key: str):
+    """Whether the step curves' seeds are held out from the LR choice (None: no LR chosen)."""
+    if "--select-from" in STUDIES.get(key, []):
+        return True
+    return False if len({r.get("optim.lr") for r in runs_of(key)}) > 1 else None
+
+
+def run_set(fig, name: str, key: str) -> list[str]:
     """A step figure's title names the seeds as they are; an arm is drawn at its LR."""
-    if name not in STEP_FIGURES or held_out is None:
+    if name not in STEP_FIGURES or (held := held_out(key)) is None:
         return []
     text = " ".join(title(fig).split())
     says_held = re.search(r"(?<!not )held[- ]out", text) is not None
     bad = []
-    if says_held != held_out or (not held_out and "not held out" not in text):
-        bad.append(f"seeds {'held out' if held_out else 'not held out'}, title: {text[:120]!r}")
+    if says_held != held or (not held and "not held out" not in text):
+        bad.append(f"seeds {'held out' if held else 'not held out'}, title: {text[:120]!r}")
     labels = [t.get_text() for leg in legends(fig) for t in leg.get_texts()]
-    for arm, lr in lrs.items():
+    for arm, lr in CHOSEN_LRS.get(key, {}).items():
         shown = [s for s in labels if arm_of(s) == arm]
         if shown and not any(s.startswith(f"{arm}, lr {lr:g}") for s in shown):
             bad.append(f"{arm} not labelled as drawn at lr {lr:g}: {labels}")
     return bad
 
 
+def any_figure(fig) -> list[str]:
+    return (empty_axes(fig) + overlapping_texts(fig) + legend_over_points(fig)
+            + texts_over_points(fig) + points_off_the_axes(fig) + texts_outside(fig)
+            + categorical_joins(fig) + hidden_on_log_axes(fig) + duplicate_labels(fig)
+            + shared_colours(fig) + hidden_markers(fig) + unreadable_x_ticks(fig))
+
+
+def study_figure(fig, key: str, name: str) -> list[str]:
+    """The checks that read the study's runs.csv and curves.jsonl, and the seeds in titles."""
+    return (intervals_out_of_range(fig, key) + intervals_at_small_n(fig)
+            + losses_a_decade_apart_on_a_linear_axis(fig) + off_the_learning_rates(fig, key)
+            + arithmetic_means_on_log_axes(fig, key) + arms_not_drawn(fig, key, name)
+            + arms_unnamed(fig, key, name)
+            + claims(fig) + run_set(fig, name, key))
+
+
 # ------------------------------------------------------------------ the tests
 
 
+def test_every_committed_study_is_redrawn_by_a_command_of_its_presets_header():
+    studies = {str(p.parent.relative_to(DOCS)) for p in RESULTS.rglob("results.md")}
+    assert set(STUDIES) == studies
+
+
 def test_every_committed_figure_is_drawn_and_every_drawn_figure_is_committed(drawn):
-    for study in STUDIES:
-        assert sorted(drawn[study]) == committed(study), study
+    for key in [*STUDIES, "figures", "figures/coord_check"]:
+        assert sorted(drawn[key]) == committed(key), key
+        assert key == "figures" or key.startswith("figures/") or 1 <= len(drawn[key]) <= 3, key
 
 
-@pytest.mark.parametrize("study, name", cases())
-def test_the_figure_keeps_the_contract(drawn, study, name):
-    fig = drawn[study].get(name)
-    assert fig is not None, f"{study}/{name} is committed but not drawn"
-    _, held_out, lrs = STUDIES[study]
-    problems = (empty_axes(fig) + overlapping_texts(fig) + legend_over_points(fig)
-                + texts_over_points(fig)
-                + points_off_the_axes(fig) + texts_outside(fig)
-                + intervals_out_of_range(fig, study) + intervals_at_small_n(fig)
-                + categorical_joins(fig) + hidden_on_log_axes(fig)
-                + losses_a_decade_apart_on_a_linear_axis(fig)
-                + off_the_learning_rates(fig, study) + claims(fig)
-                + run_set(fig, name, held_out, lrs))
+def test_every_figure_the_report_draws_is_checked_on_a_study_or_fixture(drawn):
+    from scripts.plot_runs import FIGURES
+    assert set(FIGURES) <= {name for key in drawn for name in drawn[key]}
+
+
+@pytest.mark.parametrize("key, name", cases())
+def test_the_figure_keeps_the_contract(drawn, key, name):
+    fig = drawn[key][name][0]
+    problems = any_figure(fig) + (study_figure(fig, key, name) if key != "figures" and
+                                  not key.startswith("figures/") else [])
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("study", list(STUDIES))
-def test_each_arm_has_the_one_maps_colour_and_marker_in_every_figure(drawn, study):
-    problems = colours_off_the_map(drawn[study])
+@pytest.mark.parametrize("key, name", [c for c in cases() if c[0] not in FIXTURES])
+def test_the_committed_png_is_what_the_code_draws(drawn, key, name):
+    assert compare_images(str(DOCS / key / name), str(drawn[key][name][1]), TOLERANCE) is None
+
+
+@pytest.mark.parametrize("key, name", [c for c in cases() if c[0] not in FIXTURES])
+def test_every_committed_figure_is_cited_in_the_docs(key, name):
+    """Cited by its path (`docs/results/<study>/<figure>`), not only in results.md's list."""
+    text = "\n".join((ROOT / path).read_text() for path in CITING)
+    assert f"{key}/{name}" in text
+
+
+@pytest.mark.parametrize("key", [*STUDIES, *FIXTURES])
+def test_each_arm_has_the_one_maps_colour_and_marker_in_every_figure(drawn, key):
+    problems = colours_off_the_map({name: fig for name, (fig, _) in drawn[key].items()})
     assert not problems, "\n".join(problems)

@@ -2,7 +2,7 @@
 the registered prediction of the fixed factor against a hand computation, its paired test and
 the accuracy family against scipy on the committed lookup fixture (20-step runs), the sliding
 window verdicts on made-up text runs, runs.csv's columns written and read back, and the lookup
-figure's band clipped to [0, 1]. The fixtures' figures keep the figure contract
+figure's band clipped to [0, 1]. The fixtures' diagnostics.png keeps the figure contract
 (test_figure_contract.py)."""
 
 import math
