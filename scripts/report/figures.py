@@ -367,7 +367,7 @@ def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
         ax.title.set_fontsize(9)
         ax.yaxis.label.set_fontsize(9)
         ax.grid(alpha=0.3)
-    geometric = "; log y: geometric mean and interval" if any(
+    geometric = "; log y: geometric mean" if any(
         ax.get_yscale() == "log" for ax in fig.axes) else ""
     return style.finish(fig, "Final loss against learning rate, every seed of the sweep (the"
                         f" seeds that choose each LR); {style.seeds_text(ns, 'point')}"
