@@ -5,7 +5,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple, Optional
 
-from model.errors import ConfigError, check_dropout, check_positive_int, is_positive_number, refuse
+from model.errors import (ConfigError, check_bools, check_dropout, check_positive_int,
+                          is_positive_number, refuse)
 
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
 SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest weight exceeds this
@@ -151,6 +152,7 @@ class GPTConfig:
         else:   # frozen: the one place the default width is filled in
             object.__setattr__(self, "d_head", self.d_model // self.n_head)
         check_dropout("model.dropout", self.dropout)
+        check_bools("model", self)   # model.bias: true or false, not 1 or "no"
         if self.pos not in POSITIONS or not is_positive_number(self.rope_base) or (
                 self.pos == "rope" and self.d_head % 2):
             raise ConfigError(f"model.pos={self.pos!r} (model.rope_base={self.rope_base!r}, "

@@ -19,7 +19,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from model.attention import MultiHeadAttention
 from model.config import GPTConfig, ParamConfig, ScalingConfig
-from model.errors import UserError, check_bools
+from model.errors import UserError
 from model.gpt import GPT
 from trainer.schema import AUTOCAST, OptimConfig, TrainerConfig
 
@@ -131,7 +131,6 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
         data = prepare(data_cfg)
     model_cfg = GPTConfig(vocab_size=data.vocab_size, scaling=ScalingConfig(**resolved["scaling"]),
                           param=ParamConfig(**resolved["param"]), **resolved["model"])
-    check_bools("model", model_cfg)   # model.bias: GPTConfig does not check its switches
     prompts = [data.encode(p) or [data.eot_id] for p in train_cfg.sample_prompts]  # fail early
     eval_batches, batcher = data.batches(shape, train_cfg.eval_iters, train_cfg.seed)
     torch.manual_seed(train_cfg.seed)
