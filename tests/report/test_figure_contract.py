@@ -66,8 +66,9 @@ STEP_FIGURES = ("loss_curves.png", "accuracy_curves.png", "loss_vs_baseline.png"
 
 def redraw_commands() -> dict[str, list[str]]:
     """"results/<study>" -> the options of the command in a preset's header that redraws that
-    committed folder from its own runs.csv alone (its --from-csv and --out one folder); a
-    command goes on over the header's next lines that start with an option."""
+    committed folder from its own runs.csv alone (its --from-csv and --out one folder; a study
+    not run yet has no runs.csv); a command goes on over the header's next lines that start
+    with an option."""
     from scripts.plot_runs import command_line
     found = {}
     for preset in sorted((ROOT / "configs" / "experiment").glob("*.yaml")):
@@ -78,7 +79,8 @@ def redraw_commands() -> dict[str, list[str]]:
             more = itertools.takewhile(lambda m: m.startswith("--"), header[i + 1:])
             args = shlex.split(" ".join(["--from-csv", text, *more])) if command else []
             parsed = command_line().parse_args(args) if args else None
-            if parsed and not parsed.sweeps and parsed.from_csv == [parsed.out / "runs.csv"]:
+            if (parsed and not parsed.sweeps and parsed.from_csv == [parsed.out / "runs.csv"]
+                    and (ROOT / parsed.out / "runs.csv").exists()):
                 out = args.index("--out")   # the options: args but --from-csv's and --out's
                 found[str(parsed.out.relative_to("docs"))] = args[2:out] + args[out + 2:]
     return found
