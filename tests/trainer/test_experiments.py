@@ -70,7 +70,8 @@ def test_preset_is_a_multirun_of_its_seeds_into_its_own_folder(name):
 LENGTH_PRESETS = ("length_generalisation", "length_generalisation_lookup")
 
 
-@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + LENGTH_PRESETS + ("width_transfer",))
+@pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + LENGTH_PRESETS + ("width_transfer",
+                                  "normaliser_select", "normaliser_recall_select"))
 def test_every_swept_value_builds_a_valid_config(name):
     """Each value of each swept key, in the preset and built into the dataclasses the run uses:
     a value the schema or a __post_init__ check refuses fails here, not an hour into the sweep.
@@ -292,3 +293,46 @@ def test_length_lookup_preset_is_one_nope_layer_on_kv_trained_to_64_pairs():
     assert sweep_values(cfg, "scaling.length") == ["fixed", "log_n", "ssmax"]
     assert list(cfg.trainer.eval_lengths) == [16, 32, 64, 256, 1024, 2048]
     assert cfg.trainer.max_steps == 600 and cfg.model.block_size == 65
+
+
+# ---------------------------------------------------------------------------------------------
+# normaliser: the normalisers x {sqrt_dk, none} on the default recipe and the recall headline
+# cell, each stage 1 choosing the LRs on a seed stage 2 does not report
+# ---------------------------------------------------------------------------------------------
+
+NORMALISER_PRESETS = {"normaliser": "normaliser_select",
+                      "normaliser_recall": "normaliser_recall_select"}
+
+
+@pytest.mark.parametrize("report", NORMALISER_PRESETS)
+def test_normaliser_stages_cross_every_normaliser_with_sqrt_dk_and_none(report):
+    from model.config import NORMALISERS
+    select = NORMALISER_PRESETS[report]
+    for name in (report, select):
+        cfg = preset(name)
+        assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+        assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
+        assert sweep_values(cfg, "scaling") == ["sqrt_dk", "none"]
+        assert sweep_values(cfg, "scaling.normaliser") == list(NORMALISERS)
+        assert cfg.trainer.diagnostics is True and cfg.trainer.on_nan == "stop"
+        assert cfg.optim.min_lr == 0.0   # one schedule shape at every LR
+        lines = header(name)
+        assert any("scaling=uniform scaling.normaliser=softmax" in line for line in lines) \
+            or name == report   # the control's command is stage 1's
+        assert any(line.startswith("# Report: python scripts/plot_runs.py ") for line in lines)
+    sel, rep = preset(select), preset(report)
+    assert sweep_values(sel, "trainer.seed") == ["101"]
+    assert sweep_values(rep, "trainer.seed") == ["1", "2", "3", "4", "5"]
+    assert sel.model == rep.model and sel.data == rep.data
+    assert sel.trainer.max_steps == rep.trainer.max_steps   # chosen at the full horizon
+    lrs = sorted(float(v) for v in sweep_values(sel, "optim.lr"))
+    assert len(lrs) >= 4 and all(b / a <= 4 for a, b in zip(lrs, lrs[1:]))
+
+
+def test_normaliser_text_is_the_default_recipe_and_recall_the_headline_cell():
+    text, recall = preset("normaliser"), preset("normaliser_recall")
+    assert text.data.source != "recall" and text.model.d_model == 128
+    assert text.trainer.max_steps == TrainerConfig().max_steps
+    assert recall.data.source == "recall"
+    params = recall.hydra.sweeper.params
+    assert (str(params["model.d_head"]), float(params["model.qk_init_std"])) == ("256", 0.125)
