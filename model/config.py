@@ -2,11 +2,18 @@
 `param`, `model`), and the constants data/ and trainer/ share. No torch: the report reads it."""
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
-from model.errors import (ConfigError, check_bools, check_dropout, check_positive_int,
-                          is_positive_number, refuse)
+from model.errors import (
+    ConfigError,
+    check_bools,
+    check_dropout,
+    check_positive_int,
+    is_positive_number,
+    refuse,
+)
 
 IGNORE_INDEX = -100  # targets equal to this are ignored by the loss (F.cross_entropy's default)
 SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest weight exceeds this

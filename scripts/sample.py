@@ -10,6 +10,7 @@ Reads RUN_DIR/tokenizer.json and RUN_DIR/checkpoints/{best,last}.pt; needs no da
 import argparse
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 from tokenizers import Tokenizer
@@ -37,10 +38,10 @@ def load_model(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, in
 
 
 def sample(run_dir: Path, prompts: list[str], sampling: Sampling, which: str = "best",
-           device: torch.device = torch.device("cpu")) -> list[str]:
+           device: Optional[torch.device] = None) -> list[str]:
     """Continuations (prompt included) of each prompt, generated as one batch from the
     checkpoint `which` (best or last)."""
-    model, pad_id = load_model(run_dir, which, device)
+    model, pad_id = load_model(run_dir, which, device or torch.device("cpu"))
     if not (run_dir / "tokenizer.json").is_file():
         raise UserError(f"Cannot sample from {run_dir}: it has no tokenizer.json. Pass the run "
                         "directory that train.py wrote (it holds tokenizer.json and "

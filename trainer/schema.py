@@ -15,8 +15,7 @@ from omegaconf import MISSING
 
 from data.config import DataConfig
 from model.config import GPTConfig, ParamConfig, ScalingConfig
-from model.errors import (check_bools, check_positive_int, check_sampling, is_positive_number,
-                          refuse)
+from model.errors import check_bools, check_positive_int, check_sampling, is_positive_number, refuse
 
 AUTOCAST = ("fp32", "bf16", "fp16")   # trainer/build.py maps them to autocast dtypes
 PRECISIONS = ("auto", *AUTOCAST)

@@ -125,7 +125,7 @@ def test_rows_with_no_key_output_zero_with_finite_gradients(name, impl, dtype):
     outputs 0 (then the projection's bias) with zero weights on the keys (for softmax1 and sink
     all its mass on the extra logit, whose value is 0) and finite gradients everywhere, the
     sink logits' too."""
-    mha = layer(name, "sqrt_dk", impl).to(dtype)
+    mha = layer(name, "qk_norm", impl).to(dtype)   # a norm over padded rows too
     x = torch.randn(2, 6, 12, generator=torch.Generator().manual_seed(0)).to(dtype)
     x.requires_grad_(True)
     valid = torch.ones(2, 6, dtype=torch.bool)

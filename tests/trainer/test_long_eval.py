@@ -128,7 +128,8 @@ def test_a_length_past_the_target_cap_or_the_split_is_refused_and_none_scores_mo
         long_eval.check_lengths(nope, DataConfig(), [48], long_eval.target_cap(40))
     long_eval.check_lengths(nope, DataConfig(), [16_384])
     long_eval.check_lengths(nope, KV, [64, 32_768])   # kv: pairs, each length its own rows
-    with pytest.raises(ConfigError, match=r"has 200 tokens.*\(201\)\. Keep every length within 199"):
+    with pytest.raises(ConfigError,
+                       match=r"has 200 tokens.*\(201\)\. Keep every length within 199"):
         long_eval.check_lengths(nope, DataConfig(), [200], val_tokens=200)
     long_eval.check_lengths(nope, DataConfig(), [199], val_tokens=200)
     model = small_model()
