@@ -14,7 +14,7 @@ from matplotlib.transforms import ScaledTranslation
 
 from model.config import SCALINGS
 from scripts.report import stats as st
-from scripts.report.runs import VARIANT_KEY, setting_order
+from scripts.report.runs import NORMALISER_KEY, VARIANT_KEY, pair_text, setting_order
 
 # Colour, marker and dashes: one per scale of SCALINGS, in its order; other arms (a scale with a
 # switch, say) take the next of EXTRA in the order of their names, then colours of tab20b: no
@@ -28,6 +28,10 @@ EXTRA = LOOKS[len(SCALINGS):]
 MIN_BAND_N = 3   # a band or bar is a 95% t interval of at least 3 seeds; t(0.975, 1) is 12.7
 LEVEL_STYLES = ((0, (1, 2)), (0, (4, 2)), (0, (2, 1, 1, 1)))
 DODGE = 4.0   # points between the markers of neighbouring lines at one x
+# Switches whatever their most common value, each with the value that turns it off; a run
+# written before the key existed (None) has it off too: a normaliser sweep's lines read
+# "sqrt_dk, sink", and "sqrt_dk" for softmax.
+OFF = {NORMALISER_KEY: "softmax"}
 
 
 def palette(arms) -> dict[str, tuple]:
@@ -42,11 +46,11 @@ def palette(arms) -> dict[str, tuple]:
 @dataclass(frozen=True)
 class Arms:
     """A group's arm is its scale plus its switches, keys whose most common value is the
-    default, null or 0 ("sqrt_dk, softcap=50"), or keys that a comparison names (--against);
-    its other keys are its setting (a panel). An arm names each switch that is not at its most
-    common value."""
+    default, null or 0 ("sqrt_dk, softcap=50"), keys that a comparison names (--against), and
+    the keys of OFF; its other keys are its setting (a panel). An arm names each switch that is
+    not at its most common value (OFF's: not off), a normaliser by its name ("none, sigmoid")."""
 
-    switches: dict   # key -> its most common value
+    switches: dict   # key -> its most common value (OFF's: its value when off)
 
     @classmethod
     def of(cls, keys, compared=()) -> "Arms":
@@ -54,12 +58,17 @@ class Arms:
         names = {k for key in keys for k, _ in key[1:]}
         common = {k: Counter(dict(key).get(k) for key in keys).most_common(1)[0][0]
                   for k in names}
-        return cls({k: v for k, v in common.items()
-                    if (k in compared if compared else v in (None, "0"))})
+        return cls({**{k: v for k, v in common.items()
+                       if (k in compared if compared else v in (None, "0"))},
+                    **{k: v for k, v in OFF.items() if k in names}})
+
+    def on(self, k: str, v) -> bool:
+        """Whether switch k is on at value v (not its most common value; OFF's: not off)."""
+        return v not in (self.switches[k], None) if k in OFF else v != self.switches[k]
 
     def name(self, key: tuple) -> str:
-        on = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in key[1:]
-              if k in self.switches and v != self.switches[k]]
+        on = [pair_text(k, v, short=True) for k, v in key[1:]
+              if k in self.switches and self.on(k, v)]
         return ", ".join([dict(key)[VARIANT_KEY], *on])
 
     def setting(self, key: tuple) -> tuple:

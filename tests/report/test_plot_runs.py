@@ -395,6 +395,18 @@ def test_an_arm_is_a_scale_and_the_switches_it_turns_on():
     assert looks["sqrt_dk, softcap=50"] == style.EXTRA[0]
 
 
+def test_a_normaliser_is_a_switch_off_at_softmax_whatever_the_most_common():
+    """Sink most common, softmax still the default; a run without the key used softmax."""
+    keys = [(("scaling", "sqrt_dk"), ("scaling.normaliser", "sink")),
+            (("scaling", "none"), ("scaling.normaliser", "sink")),
+            (("scaling", "sqrt_dk"), ("scaling.normaliser", "softmax")),
+            (("scaling", "none"), ("scaling.normaliser", None))]
+    for arms in (style.Arms.of(keys), style.Arms.of(keys, {"scaling.normaliser"})):
+        assert [arms.name(k) for k in keys] == ["sqrt_dk, sink", "none, sink", "sqrt_dk", "none"]
+        assert arms.settings(keys) == [()]   # one panel
+        assert len({look[0] for look in arms.looks(keys).values()}) == 4
+
+
 def test_the_palette_gives_no_colour_twice():
     """Every scale and twenty other arms (a scale with a switch): twenty-seven colours."""
     names = [*style.SCALES, *(f"sqrt_dk, softcap={c}" for c in range(20))]
