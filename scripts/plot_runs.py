@@ -60,8 +60,10 @@ from scripts.report.length import (  # noqa: E402
     plot_lookup,
     plot_text,
 )
+from scripts.report.normaliser import normaliser_sections, plot_normaliser  # noqa: E402
 from scripts.report.runs import (  # noqa: E402
     LR_KEY,
+    NORMALISER_KEY,
     canonical,
     group_runs,
     label,
@@ -86,7 +88,7 @@ from scripts.report.width import WIDTH_KEY, plot_width  # noqa: E402
 # and what they promise"), in this order; --figures names some.
 FIGURES = ("loss_curves.png", "accuracy_curves.png", "loss_vs_baseline.png", "diagnostics.png",
            "qk_grad_norms.png", "length_lookup.png", "length_text.png", "lr_transfer.png",
-           "lr_stability.png", "width_transfer.png")
+           "lr_stability.png", "width_transfer.png", "normaliser.png")
 
 
 def figure_names(text: str) -> list[str]:
@@ -397,7 +399,9 @@ def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], l
              "lr_stability.png": (bool(lr_runs) and reading.plan.select_runs is None and records
                                   and (lambda: plot_stability(frame, lr_runs, which))),
              "width_transfer.png": (bool(lr_runs) and WIDTH_KEY in varying_keys(lr_runs)
-                                    and (lambda: plot_width(lr_runs, which)))}
+                                    and (lambda: plot_width(lr_runs, which))),
+             "normaliser.png": (bool(curves) and NORMALISER_KEY in varying_keys(runs)
+                                and (lambda: plot_normaliser(frame, curves, which)))}
     drawn = [name for name in FIGURES if name in (args.figures or FIGURES) and plans[name]
              and save(plans[name](), args.out / name)]
     notes += [f"--figures {name}: not drawn, these runs lack what it shows (docs/report.md,"
@@ -412,6 +416,7 @@ def write_report(args, runs: list, analysed: tuple, inputs: tuple) -> None:
     (groups, lr_runs, reading), (read, skipped, notes, figures) = analysed, inputs
     text = (markdown_report(read, runs, groups, lr_runs, reading)
             + length_sections(runs, reading.baseline)
+            + normaliser_sections(runs, lr_runs, reading)
             + appendix(runs, reading, skipped, notes, figures))
     if reading.levels:
         text = ngram.above_every_table(text, ngram.levels_line(reading.levels))

@@ -57,9 +57,13 @@ CHOSEN_LRS = {"results/recall_headline/long": {"none": 0.00075, "sqrt_dk": 0.024
 # fixture folder of tests/report/fixtures -> the figures no committed study draws: 20-step runs
 # of experiment=length_generalisation_lookup (seeds 1-3, scaling.length fixed, log_n, ssmax)
 # and of the default run with trainer.eval_lengths=[64,1024] (model.pos=nope, seeds 1-2, fixed
-# and log_n, trainer.full_eval_tokens=4096)
+# and log_n, trainer.full_eval_tokens=4096); 40-step runs of experiment=normaliser_select (seed
+# 101, three LRs) and of experiment=normaliser (seeds 1-3, each arm at the LR the first chose),
+# every normaliser x {sqrt_dk, none} and uniform (tests/report/test_report_normaliser.py)
 FIXTURES = {"length_lookup": ["diagnostics.png"],
-            "length_text": ["diagnostics.png"]}
+            "length_text": ["diagnostics.png"],
+            "normaliser": ["loss_vs_baseline.png", "normaliser.png"],
+            "normaliser_select": ["lr_transfer.png"]}
 STEP_FIGURES = ("loss_curves.png", "accuracy_curves.png", "loss_vs_baseline.png",
                 "diagnostics.png", "qk_grad_norms.png")
 
