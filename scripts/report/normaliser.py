@@ -64,7 +64,7 @@ def normaliser_sections(runs: list, lr_runs: list, reading) -> str:
     if NORMALISER_KEY not in varying_keys(runs):
         return ""
     groups = reported(runs, lr_runs, reading)
-    if not any(v for values in by_seed(groups, FIRST).values() for v in values.values()):
+    if not any(by_seed(groups, FIRST).values()):   # no run has the statistic
         return ("\n## Normalisers\n\nNo run recorded where attention's mass goes"
                 " (trainer.diagnostics=true): no normaliser tables.\n")
     lines = ["", "## Normalisers", "", "Each group on the runs it is reported on (in an LR"
