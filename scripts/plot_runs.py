@@ -83,7 +83,6 @@ from scripts.report.style import Arms  # noqa: E402
 from scripts.report.tables import Reading, appendix, markdown_report, seeds_text  # noqa: E402
 from scripts.report.width import WIDTH_KEY, plot_width  # noqa: E402
 
-
 # The figures a report draws where its runs have what each shows (docs/report.md, "The figures
 # and what they promise"), in this order; --figures names some.
 FIGURES = ("loss_curves.png", "accuracy_curves.png", "loss_vs_baseline.png", "diagnostics.png",
