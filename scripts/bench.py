@@ -67,6 +67,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from data.batching import Batcher, BatchShape
 from model.attention import MultiHeadAttention
 from model.config import NORMALISERS, SCALINGS, SDPA_NORMALISERS, GPTConfig, ScalingConfig
+from model.errors import UserError
 from model.gpt import GPT
 from scripts.common import ROOT, compose_config, interleave, median_ms, sync, timed
 from trainer.build import autocast_dtype, build, pick_device, precision_name
@@ -710,7 +711,11 @@ def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    try:
+        device = pick_device(args.device, "--device")
+    except UserError as e:
+        print(f"bench.py: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         if args.nanogpt:
             check_nanogpt(args, device)

@@ -221,8 +221,15 @@ def pick_device(name: str, key: str = "trainer.device") -> torch.device:
                 else "mps" if torch.backends.mps.is_available() else "cpu")
     if name == "cuda":
         name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"{key}={name} is not a device; use {key}=auto, cpu, cuda, cuda:N or "
+                        "mps.") from None
     if device.type == "cuda":
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise UserError(f"{key}={name}: this machine has {torch.cuda.device_count()} GPU(s), "
+                            f"numbered from 0; use {key}=cuda or a smaller index.")
         torch.cuda.set_device(device)
     return device
 
