@@ -339,7 +339,7 @@ def lr_curve(ax, frame: Frame, key: tuple, runs: list, reading: tuple) -> list[i
                        label=frame.arms.name(key), **style.line_style(look))
     bad = [i for i, lr in enumerate(lrs)
            if any(st.failure(r, which, frame.levels) is not None for r in runs if r.lr == lr)]
-    crosses = ax.plot(lrs[bad], mean[bad], "x", ms=9, color=look[0])
+    crosses = ax.plot(lrs[bad], mean[bad], style.FAILED, ms=9, color=look[0])
     style.dodge(ax, place, [bars.lines[0], *bars.lines[1], *bars.lines[2], *crosses])
     return [len(table[lr]) for lr in lrs]
 
@@ -371,7 +371,7 @@ def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
         ax.get_yscale() == "log" for ax in fig.axes) else ""
     return style.finish(fig, "Final loss against learning rate, every seed of the sweep (the"
                         f" seeds that choose each LR); {style.seeds_text(ns, 'point')}"
-                        f"{geometric} (bars cut at 0 and the loss at init); x: a run failed")
+                        f"{geometric} (bars cut at 0 and the loss at init); {style.FAILED}: a run failed")
 
 
 def lowest_seed(runs: list[RunRecord], lr: float) -> tuple[float, RunRecord]:

@@ -20,9 +20,10 @@ from scripts.report.runs import NORMALISER_KEY, VARIANT_KEY, pair_text, setting_
 # switch, say) take the next of EXTRA in the order of their names, then colours of tab20b: no
 # colour twice in a report.
 LOOKS = (("C0", "o", "-"), ("C1", "s", "--"), ("C2", "^", "-."), ("C3", "D", ":"),
-         ("C4", "v", (0, (6, 2))), ("C5", "P", (0, (3, 1, 1, 1))), ("C7", "x", (0, (1, 1))),
+         ("C4", "v", (0, (6, 2))), ("C5", "P", (0, (3, 1, 1, 1))), ("C7", "8", (0, (1, 1))),
          ("C6", "*", "-"), ("C9", "h", "--"), ("C8", "X", "-."), ("k", "d", ":"),
          ("#98df8a", "p", "-"), ("#c5b0d5", "<", "--"), ("#ff9896", ">", "-."))
+FAILED = "x"   # the mark over an LR where a run failed: no arm's marker, so it reads one way only
 SCALES = dict(zip(SCALINGS, LOOKS))
 EXTRA = LOOKS[len(SCALINGS):]
 MIN_BAND_N = 3   # a band or bar is a 95% t interval of at least 3 seeds; t(0.975, 1) is 12.7

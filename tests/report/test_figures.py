@@ -174,3 +174,11 @@ def test_a_title_wraps_at_whole_words_and_fits_the_figure():
     assert " ".join(lines).split() == ("Attention per head on the fixed validation batch, one run:"
                                        f" {token}").split()
     figures.plt.close(fig)
+
+
+def test_no_arm_is_drawn_with_the_failed_runs_mark():
+    """lr_transfer.png marks an LR where a run failed with style.FAILED; an arm drawn with the
+    same marker (uniform was 'x') would read as failed runs."""
+    arms = [f"arm {i}" for i in range(40)]   # past LOOKS into the tab20b colours
+    looks = style.palette([*style.SCALES, *arms])
+    assert all(look[1] != style.FAILED for look in looks.values())
