@@ -371,7 +371,8 @@ def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
         ax.get_yscale() == "log" for ax in fig.axes) else ""
     return style.finish(fig, "Final loss against learning rate, every seed of the sweep (the"
                         f" seeds that choose each LR); {style.seeds_text(ns, 'point')}"
-                        f"{geometric} (bars cut at 0 and the loss at init); {style.FAILED}: a run failed")
+                        f"{geometric} (bars cut at 0 and the loss at init);"
+                        f" {style.FAILED}: a run failed")
 
 
 def lowest_seed(runs: list[RunRecord], lr: float) -> tuple[float, RunRecord]:
