@@ -78,11 +78,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="CPU threads: auto (as trainer.threads=auto) or a number; 1 on a "
                          "machine that other jobs keep busy; 0 = PyTorch's default")
     args = ap.parse_args(argv)
-    try:
-        if args.device != "auto":   # pick_device resolves auto
-            torch.device(args.device)
-    except RuntimeError:
-        ap.error(f"--device {args.device!r}: give a torch device such as cpu, cuda or cuda:1")
     threads, _ = choose_threads(args.threads)
     if threads:
         torch.set_num_threads(threads)
