@@ -71,7 +71,7 @@ LENGTH_PRESETS = ("length_generalisation", "length_generalisation_lookup")
 
 
 @pytest.mark.parametrize("name", PRESETS + RECALL_PRESETS + LENGTH_PRESETS + ("width_transfer",
-                                  "normaliser_select"))
+                                  "normaliser_select", "normaliser_recall_select"))
 def test_every_swept_value_builds_a_valid_config(name):
     """Each value of each swept key, in the preset and built into the dataclasses the run uses:
     a value the schema or a __post_init__ check refuses fails here, not an hour into the sweep.
@@ -300,7 +300,8 @@ def test_length_lookup_preset_is_one_nope_layer_on_kv_trained_to_64_pairs():
 # cell, each stage 1 choosing the LRs on a seed stage 2 does not report
 # ---------------------------------------------------------------------------------------------
 
-NORMALISER_PRESETS = {"normaliser": "normaliser_select"}
+NORMALISER_PRESETS = {"normaliser": "normaliser_select",
+                      "normaliser_recall": "normaliser_recall_select"}
 
 
 @pytest.mark.parametrize("report", NORMALISER_PRESETS)
@@ -328,7 +329,10 @@ def test_normaliser_stages_cross_every_normaliser_with_sqrt_dk_and_none(report):
     assert len(lrs) >= 4 and all(b / a <= 4 for a, b in zip(lrs, lrs[1:]))
 
 
-def test_normaliser_is_the_default_recipe():
-    text = preset("normaliser")
+def test_normaliser_text_is_the_default_recipe_and_recall_the_headline_cell():
+    text, recall = preset("normaliser"), preset("normaliser_recall")
     assert text.data.source != "recall" and text.model.d_model == 128
     assert text.trainer.max_steps == TrainerConfig().max_steps
+    assert recall.data.source == "recall"
+    params = recall.hydra.sweeper.params
+    assert (str(params["model.d_head"]), float(params["model.qk_init_std"])) == ("256", 0.125)
