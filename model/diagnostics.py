@@ -104,7 +104,8 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
     T, T), row_ok (B|1, H|1, T, 1)), None without a mask. Real rows: real tokens with an allowed
     key; entries: their allowed keys. Raw scores q.k come before the scale and soft-cap, so scales
     compare: unit-variance q, k give Var(q.k) = d_head, raw_var 1 (docs/scaling.md).
-        entropy        mean over real rows of -sum_j w_j log w_j (nats)
+        entropy        mean over real rows of -sum_j w_j log w_j (nats); of the weights as the
+                       normaliser gives them, a distribution only under softmax
         entropy_norm   mean over real rows with at least 2 keys of the entropy / ln(their
                        number of allowed keys): 1 = uniform, 0 = one-hot (Wortsman et al. 2023)
         saturated      fraction of real rows whose largest weight exceeds SATURATION_THRESHOLD
