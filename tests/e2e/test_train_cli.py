@@ -496,3 +496,31 @@ def test_compile_trains_like_eager(tiny_cfg, tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
     ckpt = checkpoint_read.read(tmp_path / "compiled" / "checkpoints" / "last.pt")
     assert not any(k.startswith("_orig_mod") for k in ckpt["model"])   # uncompiled weights
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")
+@pytest.mark.skipif(bool(compile_unsupported()), reason=compile_unsupported() or "supported")
+@pytest.mark.parametrize("normaliser, impl", [("sink", "sdpa"), ("sigmoid", "explicit")])
+def test_compile_keeps_each_normalisers_loss_and_gradients(normaliser, impl):
+    """The normalisers' own paths compiled: sink's zero key with its float mask column and
+    learned logit on SDPA, sigmoid's per-row bias on the explicit path (a one-layer model, one
+    forward and backward each)."""
+    from model.config import GPTConfig, ScalingConfig
+    from model.gpt import GPT
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, d_model=32,
+                          d_head=16, attn_impl=impl,
+                          scaling=ScalingConfig(normaliser=normaliser)))
+    x = torch.randint(0, 50, (2, 16))
+    losses, grads = [], []
+    for forward in (model, torch.compile(model)):
+        model.zero_grad()
+        loss = forward(x, x)[1]
+        loss.backward()
+        losses.append(loss.item())
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5)
+    for eager, compiled in zip(*grads, strict=True):
+        torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=1e-4)
+    if normaliser == "sink":
+        assert model.blocks[0].attn.sink.grad.abs().sum() > 0   # the logit learns when compiled
