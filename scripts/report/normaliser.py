@@ -129,18 +129,22 @@ def lowered(groups: dict) -> list[str]:
     weight, one family; the sink rate's difference beside it, not tested."""
     rows = [(k, twin) for k in groups if normaliser_of(k) != SOFTMAX
             and (twin := softmax_twin(k, groups)) is not None]
-    end, rate = by_seed(groups, FIRST), by_seed(groups, RATE)
+    end, rate, start = by_seed(groups, FIRST), by_seed(groups, RATE), by_seed(groups, FIRST, 0)
+    moved = {k: {s: v - start[k][s] for s, v in end[k].items() if s in start[k]} for k in groups}
     tests = st.family([(end[k], end[twin]) for k, twin in rows])
     lines = ["", "### Do softmax1, sink and sigmoid lower it?", "", "Each normaliser's"
-             " first-token weight at the end minus softmax's at the same scale and seed:", "",
+             " first-token weight at the end minus softmax's at the same scale and seed; beside"
+             " it the same gap less the gap at step 0 (softmax1's and sink's extra slot takes"
+             " weight from every key before any training), and the sink rate's, not tested:", "",
              "| group | pairs | first-token weight | softmax's | group − softmax | p (paired t)"
-             " | Holm p | reading | sink rate − softmax's (not tested) |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+             " | Holm p | reading | gap less its step-0 gap | sink rate − softmax's |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for (key, twin), c in zip(rows, tests):
         lines.append(f"| {label(key)} | {c.diff.n if c.diff else 0} | {mean(end[key])}"
                      f" | {mean(end[twin])} | {cell(c.diff)} | {st.p_text(c.p)}"
                      f" | {st.p_text(c.p_holm)}"
                      f" | {st.verdict(c, 'lower than softmax', 'higher than softmax')}"
+                     f" | {cell(st.paired_difference(moved[key], moved[twin]))}"
                      f" | {cell(st.paired_difference(rate[key], rate[twin]))} |")
     return lines + ["", family_line([(None, None, c) for c in tests], "")] if rows else (
         lines[:4] + ["No normaliser but softmax has a softmax group at its scale."])
@@ -175,13 +179,16 @@ def interaction(groups: dict, reading) -> list[str]:
              " paired by seed, and that difference minus softmax's (the interaction), paired by"
              f" seed. A row where either normaliser's ratio {NONE} / {base} is above"
              f" {RATIO_LIMIT:g} or below 1/{RATIO_LIMIT:g} reads the log loss's test"
-             " (ratio of ratios); the others read the difference.", "",
+             " (ratio of ratios); the others read the difference. The family-wise interval"
+             " holds for the whole family at once (Bonferroni): a change past it is excluded"
+             " for every normaliser together.", "",
              f"| normaliser | pairs | {NONE} − {base} | ratio {NONE} / {base} | ({NONE} − {base})"
-             " − softmax's | p (paired t) | Holm p | ratio of ratios | p (paired t, log) |"
-             " Holm p, log | reading |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             " − softmax's | family-wise 95% interval | p (paired t) | Holm p | ratio of ratios"
+             " | p (paired t, log) | Holm p, log | reading |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     lines += [effect_row(key, diff, ratio, None, None) for key in diff
               if normaliser_of(key) == SOFTMAX]
-    lines += [effect_row(key, diff, ratio, twin, (c, lc))
+    lines += [effect_row(key, diff, ratio, twin, (c, lc, len(rows)))
               for (key, twin), c, lc in zip(rows, tests, logs)]
     return lines + ["", family_line([(None, None, c) for c in tests], ""),
                     family_line([(None, None, c) for c in logs], " of log loss")] if diff \
@@ -189,18 +196,23 @@ def interaction(groups: dict, reading) -> list[str]:
 
 
 def effect_row(key: tuple, diff: dict, ratio: dict, twin: Optional[tuple], tests) -> str:
-    """A row of question 3; twin and tests (difference, log) None: softmax's, the reference."""
+    """A row of question 3; twin and tests (difference, log, the family's size) None: softmax's,
+    the reference."""
     geo = st.mean_interval(list(ratio[key].values()))
     text = (f"| {label(key, SOFTMAX)} | {len(diff[key])} | {mean(diff[key])}"
             f" | {'n/a' if geo is None else f'{math.exp(geo.mean):.4g}'}")
     if tests is None:
-        return text + " | reference | | | | | | |"
-    (c, lc), far = tests, [abs(ratio_mean(ratio, k)) > math.log(RATIO_LIMIT) for k in (key, twin)]
+        return text + " | reference | | | | | | | |"
+    c, lc, m = tests
+    far = [abs(ratio_mean(ratio, k)) > math.log(RATIO_LIMIT) for k in (key, twin)]
+    wide = st.simultaneous(c.diff, m) if c.diff is not None else None
+    span = "n/a" if wide is None or wide.half is None else f"{wide.lo:+.4f} to {wide.hi:+.4f}"
     words = ("lower than softmax's", "higher than softmax's")
     reading = (st.verdict(lc, *words) + f" (log loss test: more than {RATIO_LIMIT:g}x apart)"
                if any(far) else st.verdict(c, *words))
     ratios = "n/a" if lc.diff is None else f"{math.exp(lc.diff.mean):.4g}"
-    return (text + f" | {cell(c.diff)} | {st.p_text(c.p)} | {st.p_text(c.p_holm)} | {ratios}"
+    return (text + f" | {cell(c.diff)} | {span} | {st.p_text(c.p)} | {st.p_text(c.p_holm)}"
+            f" | {ratios}"
             f" | {st.p_text(lc.p)} | {st.p_text(lc.p_holm)} | {reading} |")
 
 

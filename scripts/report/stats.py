@@ -63,6 +63,16 @@ def mean_interval(values: list[float]) -> Optional[Interval]:
     return Interval(statistics.fmean(values), t_quantile(0.5 + LEVEL / 2, n - 1) * sem, n)
 
 
+def simultaneous(iv: Interval, m: int) -> Interval:
+    """The interval widened to hold for all m of a family at once (Bonferroni: each at level
+    1 - ALPHA / m), the bound a family-wise "not resolved" gives."""
+    if iv.half is None or m <= 1:
+        return iv
+    df = iv.n - 1
+    return Interval(iv.mean, iv.half * t_quantile(1 - ALPHA / (2 * m), df)
+                    / t_quantile(0.5 + LEVEL / 2, df), iv.n)
+
+
 def common_seeds(a: dict, b: dict) -> list:
     return sorted((s for s in a if s in b and _finite(a[s]) and _finite(b[s])), key=str)
 

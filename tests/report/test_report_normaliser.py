@@ -177,7 +177,11 @@ def test_each_normaliser_minus_softmax_at_the_same_scale_a_family_of_6(section):
         assert row[7] == ("not resolved (Holm p >= 0.05)" if p_holm >= 0.05 else
                           "lower than softmax" if (mine - theirs).mean() < 0
                           else "higher than softmax")
-        assert row[8] == interval(rate[0] - rate[1])
+        # the gap less the gap at step 0, where softmax1's and sink's extra slot already
+        # takes weight from every key
+        start = [column(a, "first_attn_first_mass") for a in (arm, (arm[0], "softmax"))]
+        assert row[8] == interval((mine - start[0]) - (theirs - start[1]))
+        assert row[9] == interval(rate[0] - rate[1])
     assert "Family: 6 paired t-tests, Holm-adjusted together." in part
     assert len([line for line in part.splitlines() if line.startswith("| scaling=")]) == 6
 
@@ -191,16 +195,21 @@ def test_the_scale_effect_per_normaliser_and_its_interaction_a_family_of_3(secti
     row = table_row(part, "softmax")
     assert row[1:5] == ["3", interval(effect["softmax"]),
                         f"{math.exp(ratio['softmax'].mean()):.4g}", "reference"]
+    # the family-wise interval: each of the 3 at level 1 - 0.05 / 3 (Bonferroni)
+    t3 = stats.t.ppf(1 - 0.05 / 6, 2)
     ps = [stats.ttest_rel(effect[n], effect["softmax"]).pvalue for n in NORMALISERS[1:]]
     logs = [stats.ttest_rel(ratio[n], ratio["softmax"]).pvalue for n in NORMALISERS[1:]]
     for n, p, p_holm, lp, lp_holm in zip(NORMALISERS[1:], ps, holm(ps), logs, holm(logs)):
         row = table_row(part, n)
+        d = effect[n] - effect["softmax"]
         assert row[1:5] == ["3", interval(effect[n]), f"{math.exp(ratio[n].mean()):.4g}",
-                            interval(effect[n] - effect["softmax"])]
-        assert row[5:10] == [p_text(p), p_text(p_holm),
+                            interval(d)]
+        wide = t3 * d.std(ddof=1) / math.sqrt(3)
+        assert row[5] == f"{d.mean() - wide:+.4f} to {d.mean() + wide:+.4f}"
+        assert row[6:11] == [p_text(p), p_text(p_holm),
                              f"{math.exp((ratio[n] - ratio['softmax']).mean()):.4g}",
                              p_text(lp), p_text(lp_holm)]
-        assert row[10] == "not resolved (Holm p >= 0.05)"   # ratios within 2x: the difference
+        assert row[11] == "not resolved (Holm p >= 0.05)"   # ratios within 2x: the difference
         assert p_holm >= 0.05
     assert "Family: 3 paired t-tests, Holm-adjusted together." in part
     assert "Family: 3 paired t-tests of log loss, Holm-adjusted together." in part
