@@ -213,6 +213,25 @@ def copy_run(run_dir: Path, to: Path) -> Path:
     return to
 
 
+# ------------------------------------------------- a row added to model/config.py's tables
+
+def add_rows(monkeypatch, scales: dict = None, normalisers: dict = None, sdpa: tuple = ()):
+    """model/config.py as a student leaves it after "Adding a scale" or "Adding a normaliser"
+    (docs/scaling.md), for one test: rows of SCALES and NORMALISERS, and names in
+    SDPA_NORMALISERS. The tuples built from them (SCALINGS; SDPA_NORMALISERS) are replaced in
+    every loaded module that imported them by name, as an import after the edit would see."""
+    from model import config
+    for table, rows in ((config.SCALES, scales), (config.NORMALISERS, normalisers)):
+        for name, row in (rows or {}).items():
+            monkeypatch.setitem(table, name, row)
+    for key, value in (("SCALINGS", tuple(config.SCALES)),
+                       ("SDPA_NORMALISERS", config.SDPA_NORMALISERS + tuple(sdpa))):
+        old = getattr(config, key)
+        for module in list(sys.modules.values()):
+            if getattr(module, "__dict__", {}).get(key) is old:
+                monkeypatch.setattr(module, key, value)
+
+
 def logger_expected(run_dir: Path) -> dict[tuple[str, int], float]:
     """(tag, step) -> value of every scalar of metrics.jsonl and summary.json: what an
     experiment logger (logger=tensorboard|wandb) must hold."""

@@ -8,12 +8,20 @@ import math
 from decimal import Decimal
 
 import pytest
+import test_attention
 import torch
-from conftest import ROOT, make_config
+from conftest import ROOT, add_rows, make_config
 
 from model import attention
 from model.attention import MultiHeadAttention, build_mask
-from model.config import NORMALISERS, SDPA_NORMALISERS, GPTConfig, ScalingConfig
+from model.config import (
+    NORMALISERS,
+    SCALINGS,
+    SDPA_NORMALISERS,
+    GPTConfig,
+    ScalingConfig,
+    softmax_with,
+)
 from model.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -198,14 +206,15 @@ def test_sdpa_with_sigmoid_is_refused_and_bad_names_are_named():
                        r"scaling.normaliser=sigmoid: .*set model.attn_impl=explicit \(or auto\)"):
         layer("sigmoid", impl="sdpa")
     with pytest.raises(ConfigError, match=r"scaling.normaliser='softmax_1' is not valid: choose "
-                       r"one of softmax, softmax1, sink, sigmoid"):
+                       rf"one of {', '.join(NORMALISERS)} \("):
         ScalingConfig(normaliser="softmax_1")
 
 
 @pytest.mark.parametrize("name", NORMALISERS)
 def test_auto_takes_sdpa_where_it_computes_the_normaliser(name, monkeypatch):
-    """attn_impl=auto: one SDPA call for softmax, softmax1 and sink, with the zero key and its
-    float mask column for the latter two; none for sigmoid, which equals the explicit path."""
+    """attn_impl=auto: one SDPA call for each of SDPA_NORMALISERS, over the T keys for softmax
+    and with the zero key first and its float mask column for the others (softmax1, sink);
+    none for the rest (sigmoid), whose explicit path it takes."""
     calls, real = [], attention.F.scaled_dot_product_attention
 
     def spy(q, k, v, **options):
@@ -217,8 +226,51 @@ def test_auto_takes_sdpa_where_it_computes_the_normaliser(name, monkeypatch):
     x = torch.randn(2, 5, 12, generator=torch.Generator().manual_seed(0))
     mha = layer(name, "sqrt_dk", "auto")
     y = mha(x)
-    expected = {"softmax": [(5, None)], "softmax1": [(6, torch.float32)],
-                "sink": [(6, torch.float32)], "sigmoid": []}
-    assert calls == expected[name]
+    expected = ([] if name not in SDPA_NORMALISERS else [(5, None)] if name == "softmax"
+                else [(6, torch.float32)])
+    assert calls == expected
     mha.attn_impl = "explicit"
     assert (mha(x) - y).abs().max() <= 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# a normaliser added as docs/scaling.md, "Adding a normaliser", says
+# ---------------------------------------------------------------------------------------------
+
+# name: (its row of NORMALISERS, its row of BY_HAND, whether it joins SDPA_NORMALISERS), one
+# normaliser of each kind
+ADDED = {
+    "sigmoid_plain": (lambda z, b: z.sigmoid(),   # sigmoid without -ln n: the explicit path
+                      lambda z, b: [1 / (1 + math.exp(-x)) for x in z], False),
+    "softmax_plus1": (softmax_with, lambda z, b: softmax_with_by_hand(z, 0.0), True),
+}
+
+
+@pytest.mark.parametrize("name", ADDED)
+def test_a_normaliser_added_as_the_guide_says_needs_no_other_test_edited(name, monkeypatch):
+    """Steps 1 and 3 of the guide, for this test only (conftest.add_rows, BY_HAND): every test
+    here over the normalisers and, for one SDPA computes, test_attention.py's explicit path
+    against SDPA under every scale and mask run on it unchanged. (Step 2, its config file, is
+    what test_every_normaliser_has_a_row_by_hand_and_a_config_file asks for.)"""
+    weigh, by_hand, sdpa = ADDED[name]
+    add_rows(monkeypatch, normalisers={name: weigh}, sdpa=(name,) if sdpa else ())
+    monkeypatch.setitem(BY_HAND, name, by_hand)
+    test_weights_are_the_formula_by_hand_under_causal_and_padding_masks(name)
+    for impl in ("explicit", "auto", "sdpa")[:3 if sdpa else 2]:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            test_rows_with_no_key_output_zero_with_finite_gradients(name, impl, dtype)
+    test_auto_takes_sdpa_where_it_computes_the_normaliser(name, monkeypatch)
+    test_sdpa_with_sigmoid_is_refused_and_bad_names_are_named()
+    for scale in SCALINGS if sdpa else ():
+        for kind in test_attention.MASK_KINDS:
+            test_attention.test_explicit_equals_sdpa(name, scale, kind, (2, 7, 3, 5, 11))
+
+
+def test_a_masked_key_in_a_sum_fails_the_weights_by_hand(monkeypatch):
+    """The guide's rule that masked keys stay out of every sum is what the weights test
+    checks: sigmoid with n counted over all T keys, the masked ones too, fails it."""
+    add_rows(monkeypatch, normalisers={
+        "sigmoid_all_keys": lambda z, b: (z - math.log(z.shape[-1])).sigmoid()})
+    monkeypatch.setitem(BY_HAND, "sigmoid_all_keys", BY_HAND["sigmoid"])
+    with pytest.raises(AssertionError):
+        test_weights_are_the_formula_by_hand_under_causal_and_padding_masks("sigmoid_all_keys")

@@ -7,13 +7,21 @@ import math
 import re
 
 import pytest
-from conftest import ROOT, derive, register_schema
+from conftest import ROOT, add_rows, derive, register_schema
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from data.config import DataConfig
-from model.config import SCALINGS, GPTConfig, ParamConfig, ScalingConfig
+from model.config import (
+    NORMALISERS,
+    SCALES,
+    SCALINGS,
+    GPTConfig,
+    ParamConfig,
+    ScalingConfig,
+    softmax_with,
+)
 from trainer.schema import OptimConfig, TrainerConfig
 
 PRESETS = ("scaling_ablation", "scaling_ablation_select")
@@ -302,18 +310,20 @@ def test_length_lookup_preset_is_one_nope_layer_on_kv_trained_to_64_pairs():
 
 NORMALISER_PRESETS = {"normaliser": "normaliser_select",
                       "normaliser_recall": "normaliser_recall_select"}
+# the normalisers their committed results cover: a normaliser added later edits neither preset
+NORMALISER_ARMS = ["softmax", "softmax1", "sink", "sigmoid"]
 
 
 @pytest.mark.parametrize("report", NORMALISER_PRESETS)
-def test_normaliser_stages_cross_every_normaliser_with_sqrt_dk_and_none(report):
-    from model.config import NORMALISERS
+def test_normaliser_stages_cross_their_normalisers_with_sqrt_dk_and_none(report):
     select = NORMALISER_PRESETS[report]
     for name in (report, select):
         cfg = preset(name)
         assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
         assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
         assert sweep_values(cfg, "scaling") == ["sqrt_dk", "none"]
-        assert sweep_values(cfg, "scaling.normaliser") == list(NORMALISERS)
+        assert sweep_values(cfg, "scaling.normaliser") == NORMALISER_ARMS
+        assert set(NORMALISER_ARMS) <= set(NORMALISERS)   # each still one a run can name
         assert cfg.trainer.diagnostics is True and cfg.trainer.on_nan == "stop"
         assert cfg.optim.min_lr == 0.0   # one schedule shape at every LR
         lines = header(name)
@@ -327,6 +337,22 @@ def test_normaliser_stages_cross_every_normaliser_with_sqrt_dk_and_none(report):
     assert sel.trainer.max_steps == rep.trainer.max_steps   # chosen at the full horizon
     lrs = sorted(float(v) for v in sweep_values(sel, "optim.lr"))
     assert len(lrs) >= 4 and all(b / a <= 4 for a, b in zip(lrs, lrs[1:]))
+
+
+def test_a_scale_and_a_normaliser_added_to_their_tables_edit_no_study(monkeypatch):
+    """docs/scaling.md, "Adding a scale" and "Adding a normaliser": with a row more in SCALES
+    and in NORMALISERS (and SDPA_NORMALISERS), every preset that sweeps scales or normalisers
+    still composes to its committed arms, each arm still builds, and this file's tests of them
+    pass unchanged."""
+    add_rows(monkeypatch, scales={"sqrt_dk_again": SCALES["sqrt_dk"]},
+             normalisers={"softmax_plus1": softmax_with}, sdpa=("softmax_plus1",))
+    assert "sqrt_dk_again" in SCALINGS and "softmax_plus1" in NORMALISERS   # as seen below
+    test_scaling_ablation_runs_its_scales_and_the_control_where_attention_matters()
+    test_selection_stage_is_the_same_model_on_other_seeds_over_a_factor_2_grid()
+    for report in NORMALISER_PRESETS:
+        test_normaliser_stages_cross_their_normalisers_with_sqrt_dk_and_none(report)
+    for name in ("scaling_ablation", "normaliser_select", "normaliser_recall_select"):
+        test_every_swept_value_builds_a_valid_config(name)
 
 
 def test_normaliser_text_is_the_default_recipe_and_recall_the_headline_cell():
