@@ -20,7 +20,6 @@ from model.config import (
     SDPA_NORMALISERS,
     GPTConfig,
     ScalingConfig,
-    softmax_with,
 )
 from model.errors import ConfigError
 
@@ -237,12 +236,20 @@ def test_auto_takes_sdpa_where_it_computes_the_normaliser(name, monkeypatch):
 # a normaliser added as docs/scaling.md, "Adding a normaliser", says
 # ---------------------------------------------------------------------------------------------
 
+def softmax_with_its_max(z, b):
+    """softmax_with written out as the guide says: the row's max subtracted, detached, from
+    every logit and from b."""
+    m = z.amax(-1, keepdim=True).detach()  # (B, H, T, 1), over the keys the row may attend
+    e = (z - m).exp()
+    return e / ((b - m).exp() + e.sum(-1, keepdim=True))
+
+
 # name: (its row of NORMALISERS, its row of BY_HAND, whether it joins SDPA_NORMALISERS), one
 # normaliser of each kind
 ADDED = {
     "sigmoid_plain": (lambda z, b: z.sigmoid(),   # sigmoid without -ln n: the explicit path
                       lambda z, b: [1 / (1 + math.exp(-x)) for x in z], False),
-    "softmax_plus1": (softmax_with, lambda z, b: softmax_with_by_hand(z, 0.0), True),
+    "softmax1_by_hand": (softmax_with_its_max, lambda z, b: softmax_with_by_hand(z, 0.0), True),
 }
 
 
