@@ -18,7 +18,7 @@ from scripts.report import style
 from scripts.report.figures import SHARE, arm_label, at, chance_loss, init_cap, panel_title
 from scripts.report.runs import NORMALISER_KEY, VARIANT_KEY, group_runs, label, varying_keys
 from scripts.report.runs_csv import MASS
-from scripts.report.tables import RATIO_LIMIT, cell, family_line, layer_value
+from scripts.report.tables import RATIO_LIMIT, cell, family_line, layer_value, ratio_text
 
 SOFTMAX = style.OFF[NORMALISER_KEY]   # the normaliser the others are paired with
 NONE = "none"   # the scale whose difference from the baseline question 3 reads
@@ -179,9 +179,10 @@ def interaction(groups: dict, reading) -> list[str]:
              " paired by seed, and that difference minus softmax's (the interaction), paired by"
              f" seed. A row where either normaliser's ratio {NONE} / {base} is above"
              f" {RATIO_LIMIT:g} or below 1/{RATIO_LIMIT:g} reads the log loss's test"
-             " (ratio of ratios); the others read the difference. The family-wise interval"
-             " holds for the whole family at once (Bonferroni): a change past it is excluded"
-             " for every normaliser together.", "",
+             " (ratio of ratios, with its 95% interval); the others read the difference. The"
+             " family-wise interval, of the test the row reads, holds for the whole family at"
+             " once (Bonferroni): a change past it is excluded for every normaliser together.",
+             "",
              f"| normaliser | pairs | {NONE} − {base} | ratio {NONE} / {base} | ({NONE} − {base})"
              " − softmax's | family-wise 95% interval | p (paired t) | Holm p | ratio of ratios"
              " | p (paired t, log) | Holm p, log | reading |",
@@ -204,16 +205,17 @@ def effect_row(key: tuple, diff: dict, ratio: dict, twin: Optional[tuple], tests
     if tests is None:
         return text + " | reference | | | | | | | |"
     c, lc, m = tests
-    far = [abs(ratio_mean(ratio, k)) > math.log(RATIO_LIMIT) for k in (key, twin)]
-    wide = st.simultaneous(c.diff, m) if c.diff is not None else None
-    span = "n/a" if wide is None or wide.half is None else f"{wide.lo:+.4f} to {wide.hi:+.4f}"
+    far = any(abs(ratio_mean(ratio, k)) > math.log(RATIO_LIMIT) for k in (key, twin))
     words = ("lower than softmax's", "higher than softmax's")
     reading = (st.verdict(lc, *words) + f" (log loss test: more than {RATIO_LIMIT:g}x apart)"
-               if any(far) else st.verdict(c, *words))
-    ratios = "n/a" if lc.diff is None else f"{math.exp(lc.diff.mean):.4g}"
+               if far else st.verdict(c, *words))
+    read = lc if far else c   # the test the row reads, and so its family-wise interval
+    wide = st.simultaneous(read.diff, m) if read.diff is not None else None
+    span = ("n/a" if wide is None or wide.half is None else
+            f"ratio {math.exp(wide.lo):.4g} to {math.exp(wide.hi):.4g}" if far else
+            f"{wide.lo:+.4f} to {wide.hi:+.4f}")
     return (text + f" | {cell(c.diff)} | {span} | {st.p_text(c.p)} | {st.p_text(c.p_holm)}"
-            f" | {ratios}"
-            f" | {st.p_text(lc.p)} | {st.p_text(lc.p_holm)} | {reading} |")
+            f" | {ratio_text(lc)} | {st.p_text(lc.p)} | {st.p_text(lc.p_holm)} | {reading} |")
 
 
 def ratio_mean(ratio: dict, key: tuple) -> float:

@@ -206,9 +206,10 @@ def test_the_scale_effect_per_normaliser_and_its_interaction_a_family_of_3(secti
                             interval(d)]
         wide = t3 * d.std(ddof=1) / math.sqrt(3)
         assert row[5] == f"{d.mean() - wide:+.4f} to {d.mean() + wide:+.4f}"
-        assert row[6:11] == [p_text(p), p_text(p_holm),
-                             f"{math.exp((ratio[n] - ratio['softmax']).mean()):.4g}",
-                             p_text(lp), p_text(lp_holm)]
+        r = ratio[n] - ratio["softmax"]
+        h = stats.t.ppf(0.975, 2) * r.std(ddof=1) / math.sqrt(3)
+        assert row[6:11] == [p_text(p), p_text(p_holm), "{:.4g} ({:.4g} to {:.4g})".format(
+            *np.exp([r.mean(), r.mean() - h, r.mean() + h])), p_text(lp), p_text(lp_holm)]
         assert row[11] == "not resolved (Holm p >= 0.05)"   # ratios within 2x: the difference
         assert p_holm >= 0.05
     assert "Family: 3 paired t-tests, Holm-adjusted together." in part
