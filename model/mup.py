@@ -12,12 +12,13 @@ import torch.nn as nn
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
-    """The weights of a GPT with both dimensions growing with d_model, muP's "hidden" matrices:
-    q, k, v, attention output, MLP in and out. The embeddings (the tied read-out among them)
-    have one (V or T by C); norm gains, biases and scales are vectors."""
-    return [layer.weight for block in model.blocks
-            for layer in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj,
-                          block.attn.proj, block.mlp.fc, block.mlp.proj)]
+    """muP's "hidden" matrices of a GPT: every 2-D parameter inside its blocks (q, k, v,
+    attention output, MLP in and out, model.attn_gate's W_g, and whatever matrix a block gains
+    next), derived, not listed. Outside the blocks are the embeddings (the tied read-out among
+    them), whose vocabulary or position side does not grow with d_model; inside, norm gains,
+    biases and per-head scales are vectors. What the LR / m rule needs is a fan-in that grows
+    with d_model: Adam's rule for hidden and output weights alike (Yang et al. 2022, Table 3)."""
+    return [p for block in model.blocks for p in block.parameters() if p.dim() == 2]
 
 
 @torch.no_grad()

@@ -86,6 +86,24 @@ def test_mup_divides_hidden_init_by_sqrt_m_zeroes_q_and_leaves_embeddings_and_ve
     assert mup.wte.weight is mup.lm_head.weight
 
 
+def test_hidden_matrices_are_derived_so_a_new_matrix_in_a_block_is_one():
+    """Every 2-D parameter inside the blocks, none listed: a matrix a student adds to a block
+    (here a second MLP matrix) takes muP's lr / m and weight decay * m with no list edited;
+    the embeddings (the tied read-out among them) and every vector stay at lr."""
+    mup = model("mup", 4 * BASE, "learned")
+    mup.blocks[1].mlp.extra = torch.nn.Linear(4 * BASE, 4 * BASE)
+    hidden = {id(p) for p in mup_rules.hidden_matrices(mup)}
+    assert id(mup.blocks[1].mlp.extra.weight) in hidden
+    assert id(mup.blocks[1].mlp.extra.bias) not in hidden   # a vector
+    assert len(hidden) == 6 * 2 + 1
+    embeddings, vectors, matrices = mup_rules.param_groups(list(mup.parameters()), mup, 1e-3,
+                                                           0.1)
+    assert {id(p) for p in matrices["params"]} == hidden
+    assert matrices["lr"] == 1e-3 / 4 and matrices["weight_decay"] == pytest.approx(0.4)
+    assert {id(p) for p in embeddings["params"]} == {id(mup.wte.weight), id(mup.wpe.weight)}
+    assert all(p.dim() == 1 for p in vectors["params"])
+
+
 def test_the_read_out_multiplier_is_applied_once():
     """output_mult / m multiplies the logits once: the mup model's logits are 0.5 times those
     of an sp model with its weights (output_mult 2, m = 4), not 0.25 or 1 times."""
