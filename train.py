@@ -228,9 +228,9 @@ def print_outcome(summary: dict, run_dir: Path) -> None:
 def main() -> None:
     register_configs()
     overrides = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
-    if overrides:   # a bad config group is named with its files (exit code 2)
-        from trainer.overrides import exit_on_bad_groups
-        exit_on_bad_groups(overrides)
+    if overrides:   # a bad config group or key is named with what to write (exit code 2)
+        from trainer.overrides import exit_on_bad_overrides
+        exit_on_bad_overrides(overrides)
     if int(os.environ.get("RANK", "0")) > 0:   # a torchrun rank above 0 makes no run directory
         from trainer.distributed import rank_argv
         sys.argv = rank_argv(sys.argv)

@@ -169,12 +169,16 @@ GROUPS = {"model": GPTConfig, "data": DataConfig, "scaling": ScalingConfig, "par
           "optim": OptimConfig, "trainer": TrainerConfig, "logger": LoggerConfig}
 
 
+def group_schemas() -> dict[str, type]:
+    """Each group's Hydra schema: the keys a command line may set (trainer/overrides.py)."""
+    # vocab_size comes from the tokenizer; scaling and param are groups at the top level.
+    return {name: hydra_schema(cls, exclude=("vocab_size", "scaling", "param")
+                               if name == "model" else ()) for name, cls in GROUPS.items()}
+
+
 def register_configs() -> None:
     """Store the schema `config_schema` that configs/config.yaml lists first in its defaults."""
-    # vocab_size comes from the tokenizer; scaling and param are groups at the top level.
-    groups = {name: hydra_schema(cls, exclude=("vocab_size", "scaling", "param")
-                                 if name == "model" else ()) for name, cls in GROUPS.items()}
     config = dataclasses.make_dataclass(
         "Config", [(name, schema, field(default_factory=schema))
-                   for name, schema in groups.items()])
+                   for name, schema in group_schemas().items()])
     ConfigStore.instance().store(name="config_schema", node=config)

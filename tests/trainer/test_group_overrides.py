@@ -1,8 +1,9 @@
-"""A config group given null, an empty value or an option it does not have is named, with its
-options, before Hydra composes (trainer.overrides.check_group_overrides), and train.py's entry
-exits 2 with that one paragraph and no traceback (the command line itself:
-tests/e2e/test_train_cli.py)."""
+"""A config group given null, an empty value, an option it does not have or a list is named, with
+its options, before Hydra composes (trainer.overrides.check_group_overrides), as is a key that no
+group has (check_key_overrides), and train.py's entry exits 2 with that one paragraph and no
+traceback (the command line itself: tests/e2e/test_train_cli.py)."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 from conftest import CONFIGS
 
 from model.errors import ConfigError
-from trainer.overrides import check_group_overrides
+from trainer.overrides import check_group_overrides, check_key_overrides
+from trainer.schema import group_schemas
 
 # every group a user picks an option of; hydra/launcher's options come from Hydra's plugins too
 GROUPS = ("scaling", "model", "data", "optim", "trainer", "logger", "experiment",
@@ -90,3 +92,64 @@ def test_train_py_exits_2_with_one_paragraph(group, value, tmp_path, monkeypatch
     assert lines[0].startswith(f"error: {group}={value}: the config group `{group}` needs ")
     assert ", ".join(options(group)[:2]) in lines[0] or group == "hydra/launcher"
     assert not Path(run_dir).exists() and out == ""
+
+
+@pytest.mark.parametrize("arg, last, sweep", [
+    ("normaliser=[sink,sigmoid]", "sigmoid", "normaliser=sink,sigmoid"),
+    ("scaling=[none,uniform]", "uniform", "scaling=none,uniform"),
+    ("+model=[tiny,small]", "small", "model=tiny,small")])
+def test_a_list_for_a_group_is_refused_naming_the_sweep(arg, last, sweep):
+    """A list composes its options into one run, so only the last one's values would train."""
+    with pytest.raises(ConfigError) as err:
+        check(arg)
+    assert str(err.value) == (
+        f"{arg}: the config group `{arg.lstrip('+').split('=')[0]}` takes one option, and a "
+        f"list trains only the last one's values (here {last}). To train each option in a run "
+        f"of its own, sweep with -m: python train.py -m {sweep}.")
+
+
+@pytest.mark.parametrize("arg, says", [
+    ("+model.normaliser=sink", "`model` has no key `normaliser` (`+` adds a key that the run "
+     "cannot use); use normaliser=sink or scaling.normaliser=sink."),
+    ("model.normaliser=sink", "`model` has no key `normaliser`; use normaliser=sink or "
+     "scaling.normaliser=sink."),
+    ("+model.normaliser=bogus", "use normaliser=NAME (sigmoid, sink, softmax, softmax1) or "
+     "scaling.normaliser=bogus."),
+    ("+normaliser.name=sink", "`normaliser` is a config group, not a group of keys: pick one "
+     "of its options as normaliser=sink."),
+    ("+trainer.max_step=3", "`trainer` has no key `max_step` (`+` adds a key that the run "
+     "cannot use); did you mean trainer.max_steps?"),
+    ("+trainer.foo=1", "`trainer` has no key `foo` (`+` adds a key that the run cannot use); "
+     "its keys are max_steps, batch_size, "),
+    ("+scaling.foo=1", "`scaling` has no key `foo` (`+` adds a key that the run cannot use); "
+     "its keys are name, "),
+    ("+foo=1", "there is no config group or key `foo`; the groups of keys are model, data, "
+     "scaling, param, optim, trainer, logger, set as GROUP.KEY=VALUE.")])
+def test_a_key_no_group_has_is_refused_naming_the_key_to_use(arg, says):
+    with pytest.raises(ConfigError) as err:
+        check_key_overrides([arg])
+    message = str(err.value)
+    assert message.startswith(f"{arg}: ") and says in message
+
+
+def test_every_key_of_the_schema_passes():
+    """Each key Hydra's schema has (trainer/schema.py), plain, added, forced; Hydra's own keys,
+    deletions and packages are left to Hydra."""
+    for group, schema in group_schemas().items():
+        for f in dataclasses.fields(schema):
+            check_key_overrides([f"{group}.{f.name}=1", f"+{group}.{f.name}=1",
+                                 f"++{group}.{f.name}=1"])
+    check_key_overrides(["hydra.run.dir=x", "~trainer.foo", "scaling@attn=none", "normaliser=sink",
+                         "experiment=normaliser", "hydra/launcher=joblib"])
+
+
+@pytest.mark.parametrize("arg", ["+model.normaliser=sink", "normaliser=[sink,sigmoid]"])
+def test_train_py_refuses_a_list_or_a_key_in_one_paragraph(arg, tmp_path, monkeypatch, capsys):
+    import train
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["train.py", arg, f"hydra.run.dir={run_dir}"])
+    with pytest.raises(SystemExit) as exit_:
+        train.main()
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == "" and not run_dir.exists()
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: {arg}: ")
