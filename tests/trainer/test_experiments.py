@@ -107,7 +107,8 @@ def test_every_swept_value_builds_a_valid_config(name):
         for override in picked:   # the value is the one composed
             key, value = override.split("=")
             got = cfg[key].name if key in groups else OmegaConf.select(cfg, key)
-            assert str(got) == value or float(got) == float(value), (override, got)
+            assert str(got).lower() == value.lower() or float(got) == float(value), (override,
+                                                                                     got)
 
 
 ALL_PRESETS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
@@ -362,3 +363,48 @@ def test_normaliser_text_is_the_default_recipe_and_recall_the_headline_cell():
     assert recall.data.source == "recall"
     params = recall.hydra.sweeper.params
     assert (str(params["model.d_head"]), float(params["model.qk_init_std"])) == ("256", 0.125)
+
+
+# experiment=qk_norm_scale's arms besides its cap grid, as its stage-1 header writes them
+QK_NORM_ARMS = {
+    "reference": "scaling=sqrt_dk scaling.qk_norm=none scaling.qk_norm_gain=true"
+                 " scaling.attn_mult=null",
+    "rmsnorm at sqrt_dk": "scaling=sqrt_dk scaling.attn_mult=null",
+    "rmsnorm, learned": "scaling=learned scaling.attn_mult=null",
+    "ViT-22B": "scaling=qk_norm scaling.qk_norm=none scaling.qk_norm_gain=true"
+               " scaling.attn_mult=null",
+    "uniform": "scaling=uniform scaling.qk_norm=none scaling.qk_norm_gain=true"
+               " scaling.attn_mult=null"}
+
+
+def test_qk_norm_scale_sweeps_caps_that_span_sqrt_d_head_and_the_recipes_16_at_every_width():
+    """The cap grid (s = c / d_head after a gain-free RMSNorm) holds sqrt(d_head) between two of
+    its caps at each of the four widths and the recipes' ~16; every other arm the header names
+    composes and builds at every width; the stages differ only in seeds (and the LR grid)."""
+    sel, rep = preset("qk_norm_scale_select"), preset("qk_norm_scale")
+    caps = [float(c) for c in sweep_values(sel, "scaling.attn_mult")]
+    assert all(b == 2 * a for a, b in zip(caps, caps[1:]))
+    for n_head in (8, 4, 2, 1):
+        d_head = rep.model.d_model // n_head
+        assert caps[0] < math.sqrt(d_head) < caps[-1] and caps[0] <= 16 <= caps[-1]
+    assert (sweep_values(sel, "scaling"), sweep_values(sel, "scaling.qk_norm"),
+            sweep_values(sel, "scaling.qk_norm_gain")) == (["dk"], ["rmsnorm"], ["false"])
+    assert sweep_values(sel, "trainer.seed") == ["101"]
+    assert sweep_values(rep, "trainer.seed") == ["1", "2", "3", "4", "5"]
+    assert sel.model == rep.model and sel.data == rep.data and sel.optim == rep.optim
+    assert rep.trainer.max_steps == TrainerConfig().max_steps and rep.model.d_model == 128
+    text = " ".join(line.lstrip("# ").rstrip(" \\") for line in header("qk_norm_scale_select"))
+    for arm, overrides in QK_NORM_ARMS.items():
+        assert overrides in text, arm
+        fixed = {k: v for k, v in sel.hydra.sweeper.params.items()   # one value each
+                 if k.startswith("scaling") and "," not in str(v)}
+        run = {**fixed, **dict(o.split("=") for o in overrides.split())}   # the command wins
+        for n_head in (8, 1):
+            cfg = compose_preset("qk_norm_scale_select", (
+                *(f"{k}={v}" for k, v in run.items()), f"model.n_head={n_head}"), hydra=False)
+            scaling = ScalingConfig(**cfg.scaling)
+            assert scaling.name == run["scaling"] and scaling.qk_norm == run["scaling.qk_norm"]
+            GPTConfig(vocab_size=65, scaling=scaling, param=ParamConfig(**cfg.param),
+                      **OmegaConf.to_container(cfg.model, resolve=True))
+            assert scaling.attn_mult is None
+    assert "model.attn_gate=headwise" in text
