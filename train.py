@@ -134,18 +134,19 @@ def evaluate_and_log(run: Run, out: RunDir, step: int, lr: float,
 
 def finish(run: Run, out: RunDir, step: int, diverged: bool, clock: "Clock",
            lengths: dict) -> dict:
-    """After the loop: whole-split score, samples, summary.json, the end of the segment."""
+    """After the loop: whole-split score, summary.json, the end of the segment, then samples
+    (a sample that fails loses none of the run's record)."""
     full = {} if diverged else evaluate_full(run)
     if full:
         out.say(describe(full))
-    if run.compute.rank == 0 and not diverged and run.config.train_cfg.sample_prompts:
-        from trainer.samples import write_samples
-        write_samples(run, out.path, out.best)
     run.state.progress.wall_s = clock.wall_s()
     summary = {**summarize(run, step, clock.tokens_per_sec(), diverged=diverged, full=full),
                **lengths}
     out.write_summary(summary)
     out.end_segment(step, "diverged" if diverged else "finished")
+    if run.compute.rank == 0 and not diverged and run.config.train_cfg.sample_prompts:
+        from trainer.samples import write_samples
+        write_samples(run, out.path, out.best)
     if diverged and run.config.train_cfg.on_nan == "raise":
         raise Diverged(f"non-finite training loss at step {step}; the last good checkpoint is "
                        f"{out.last} (trainer.on_nan=raise)")

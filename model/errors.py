@@ -54,6 +54,11 @@ def check_bools(group: str, config) -> None:
                           "or a word is not read as one).")
 
 
+# The smallest positive sampling temperature: below it the draw follows the rounding of float32
+# logits (~1e-6 at logits near 10), and far below it (1e-40) logits / temperature overflow.
+MIN_TEMPERATURE = 1e-6
+
+
 def check_sampling(keys: tuple[str, str, str], tokens, temperature, top_k) -> None:
     """ConfigError unless model/generate.py can sample `tokens` new tokens at `temperature` (0:
     greedy) from the `top_k` likeliest (None: all); `keys` name the three as the caller's user
@@ -66,6 +71,10 @@ def check_sampling(keys: tuple[str, str, str], tokens, temperature, top_k) -> No
             type(temperature) in (int, float) and temperature == 0)):
         raise ConfigError(f"{temperature_key}={temperature!r} must be >= 0 and finite: 0 means "
                           "greedy, e.g. 0.8 samples.")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ConfigError(f"{temperature_key}={temperature!r} is below {MIN_TEMPERATURE:g}, where "
+                          "a sample follows the rounding of the logits or overflows them: use 0 "
+                          f"(greedy) or a temperature of at least {MIN_TEMPERATURE:g}, e.g. 0.8.")
     if not (top_k is None or (type(top_k) is int and top_k >= 1)):
         raise ConfigError(f"{top_k_key}={top_k!r} must be null or a positive integer: sample "
                           "from the top_k likeliest tokens, or from all (null).")

@@ -17,6 +17,7 @@ from model.config import SCALINGS, GPTConfig, ScalingConfig
 from model.errors import UserError
 from model.generate import Sampling
 from model.gpt import GPT
+from trainer import samples
 from trainer.build import make_optimizer, pick_device
 from trainer.job import Diverged
 from trainer.schema import OptimConfig, TrainerConfig
@@ -85,7 +86,9 @@ def test_a_switch_is_true_or_false_and_nothing_else(tiny_cfg, tmp_path, switch):
 
 @pytest.mark.parametrize("field, value, says", [
     ("tokens", -1, "must be an integer >= 0"), ("temperature", math.nan, "must be >= 0 and finite"),
-    ("temperature", -0.5, "must be >= 0 and finite"), ("top_k", 0, "must be null or a positive")])
+    ("temperature", -0.5, "must be >= 0 and finite"), ("top_k", 0, "must be null or a positive"),
+    ("temperature", 1e-40, r"is below 1e-06, where a sample .* or a temperature of at least "
+     r"1e-06, e.g. 0.8.$")])
 def test_trainer_samples_and_sampling_refuse_alike(field, value, says):
     """One rule for trainer.sample_* and model/generate.py's Sampling (scripts/sample.py's
     options), each naming its own key."""
@@ -96,6 +99,22 @@ def test_trainer_samples_and_sampling_refuse_alike(field, value, says):
         TrainerConfig(**{trainer_key: value})
     with pytest.raises(UserError, match=f"^{sampling_key}={value!r} {says}"):
         Sampling(**{"max_new_tokens": 2, sampling_key: value})
+
+
+def test_a_failing_sample_loses_no_summary(tiny_cfg, tmp_path, monkeypatch):
+    """The end-of-run samples come after summary.json and run.json's end: a sample that fails
+    (a bug, memory) leaves the finished run's record whole, and the error is raised."""
+    def fail(*args, **kwargs):
+        raise RuntimeError("the sample failed")
+
+    monkeypatch.setattr(samples, "generate", fail)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="the sample failed"):
+        train.train(derive(tiny_cfg, ["trainer.max_steps=2"]), run_dir)
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+    segment = json.loads((run_dir / "run.json").read_text())["segments"][-1]
+    assert (segment["end_step"], segment["ended"]) == (2, "finished")
+    assert not (run_dir / "samples.txt").exists()
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)
