@@ -11,7 +11,7 @@ from model.config import SCALINGS
 README = (ROOT / "README.md").read_text()
 # 200 lines of story and 25 spare, so that a new scale or normaliser adds its row to the table
 # (which stays here: it is the list of what a reader can flip) without touching this cap
-MAX_LINES = 225
+MAX_LINES = 200
 
 
 def test_readme_is_at_most_max_lines():
