@@ -80,7 +80,7 @@ class StepHooks:
     """What configs attach to the optimizer step; the default run, nothing."""
 
     loss_term: Optional[LossTerm] = None              # trainer.z_loss: trainer/z_loss.py
-    after_step: tuple[Callable[[], None], ...] = ()   # after AdamW: optim.qk_clip's clip
+    after_step: tuple[Callable[[], None], ...] = ()   # after the optimizer: optim.qk_clip
     records: tuple[StepRecord, ...] = ()              # trainer.diagnostics, trainer.z_loss
 
 
@@ -139,7 +139,7 @@ def build(cfg: DictConfig, jobs_at_once: Optional[int] = None) -> Run:
     wrapped = torch.compile(model) if train_cfg.compile else model
     if shape.world > 1:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = make_optimizer(model, optim_cfg, device)
+    optimizer = make_optimizer(model, optim_cfg, device, compute.precision)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda epoch: lr_at(epoch + 1, optim_cfg, train_cfg.max_steps) / optim_cfg.lr)
     state = TrainState(
@@ -251,11 +251,17 @@ def precision_name(dtype: Optional[torch.dtype]) -> str:   # None: fp32
     return {d: name for name, d in DTYPES.items()}[dtype]
 
 
-def make_optimizer(model: GPT, optim_cfg: OptimConfig,
-                   device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: GPT, optim_cfg: OptimConfig, device: torch.device,
+                   precision: str = "fp32") -> torch.optim.Optimizer:
     """AdamW that decays matrices (linear and embedding weights) but not biases, gains, scales;
-    muP's and optim.qk_lr_mult's groups where set. Fused: one kernel, on the CPU too."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    muP's and optim.qk_lr_mult's groups where set. Fused: one kernel, on the CPU too. optim=muon:
+    Muon for the matrices it takes, in the run's `precision` (trainer/muon.py), AdamW the rest."""
+    on_muon = []
+    if optim_cfg.name == "muon":
+        from trainer.muon import muon_parameters, with_muon  # loaded only for optim=muon
+        on_muon = muon_parameters(model, optim_cfg)
+    taken = {id(p) for p in on_muon}
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
     if model.config.param.name == "mup":
         from model import mup  # loaded only for param=mup
         groups = mup.param_groups(params, model, optim_cfg.lr, optim_cfg.weight_decay)
@@ -266,9 +272,10 @@ def make_optimizer(model: GPT, optim_cfg: OptimConfig,
     if optim_cfg.qk_lr_mult != 1.0:
         from trainer.qk_lr_mult import qk_groups  # loaded only when it is not 1
         groups = qk_groups(groups, model, optim_cfg.lr, optim_cfg.qk_lr_mult)
-    return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                             eps=optim_cfg.eps,
-                             fused=True if device.type in ("cuda", "cpu") else None)
+    adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=optim_cfg.lr,
+                              betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
+                              fused=True if device.type in ("cuda", "cpu") else None)
+    return with_muon(adamw, on_muon, model, optim_cfg, precision) if on_muon else adamw
 
 
 def lr_at(step: int, optim_cfg: OptimConfig, max_steps: int) -> float:

@@ -116,12 +116,15 @@ def now() -> str:
 
 
 def start_line(run: Run, resumed_from: Optional[Path]) -> str:
-    """What is about to run: data, model size, device, precision, threads, processes."""
+    """What is about to run: data, model size, device, precision, threads, processes (and
+    optim=muon's optimizer)."""
     data, compute, train_cfg = run.data, run.compute, run.config.train_cfg
     return (f"data {run.config.data_cfg.name}: {data.describe()}; "
             f"model {run.state.model.num_params() / 1e6:.2f}M parameters, "
             f"attention {run.state.model.attention_name}; "
-            f"{compute.device} {compute.precision}, {torch.get_num_threads()} thread(s)"
+            + (f"optimizer {run.state.optimizer.name}; " if run.config.optim_cfg.name == "muon"
+               else "")   # trainer/muon.py's MuonAdamW: which Muon (its Newton-Schulz dtype)
+            + f"{compute.device} {compute.precision}, {torch.get_num_threads()} thread(s)"
             + (f" ({compute.threads_chosen})" if compute.threads_chosen else "")
             + f" x {compute.world} process(es)"
             + (f"; resuming from {resumed_from} at step {run.state.progress.step}"

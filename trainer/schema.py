@@ -22,13 +22,17 @@ PRECISIONS = ("auto", *AUTOCAST)
 LOGGERS = ("none", "tensorboard", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
 ON_NAN = ("stop", "raise")
+OPTIMIZERS = ("adamw", "muon")   # optim.name: configs/optim/<name>.yaml
+ADJUST_LR_FNS = ("original", "match_rms_adamw")   # torch.optim.Muon's adjust_lr_fn
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warm-up and cosine decay (nanoGPT's shakespeare_char defaults)."""
+    """AdamW with linear warm-up and cosine decay (nanoGPT's shakespeare_char defaults); with
+    name=muon, Muon for the blocks' matrices and AdamW for the rest (trainer/muon.py)."""
 
-    lr: float = 1e-3
+    name: str = "adamw"                # adamw | muon (configs/optim/)
+    lr: float = 1e-3                   # AdamW's (under muon: embeddings, vectors)
     weight_decay: float = 0.1          # applied to matrices only (weights of Linear, Embedding)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])   # 0.99: few tokens a step
     eps: float = 1e-8
@@ -41,9 +45,25 @@ class OptimConfig:
     # W_q's and W_k's learning rate is lr x qk_lr_mult, their weight decay weight_decay /
     # qk_lr_mult (docs/scaling.md, "The scale under Adam"); under param=mup, x muP's own LR
     qk_lr_mult: float = 1.0
+    # optim=muon's keys (read only there): torch.optim.Muon's group. The defaults are nanochat's
+    # (gpt.py: matrix_lr 0.02, momentum 0.95, Nesterov, 5 Newton-Schulz steps, no decay)
+    muon_lr: float = 0.02              # the peak; the schedule scales it as it scales lr
+    muon_weight_decay: float = 0.0     # decoupled: each step multiplies by 1 - muon_lr x this
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5                  # Newton-Schulz iterations
+    # original: muon_lr x sqrt(max(1, rows/cols)) (Jordan); match_rms_adamw: x 0.2 sqrt(max(rows,
+    # cols)), the update's RMS of AdamW's, so AdamW's lr and weight decay carry over (Moonlight)
+    adjust_lr_fn: str = "original"
+    # the parameters Muon trains, as patterns of their names (fnmatch: blocks.*.mlp.*.weight);
+    # null: every 2-D parameter inside the blocks (q, k, v, attention output, MLP in and out)
+    muon_params: Optional[list[str]] = None
 
     def __post_init__(self):
+        check_bools("optim", self)
         refuse("optim", (
+            ("name", self.name, self.name in OPTIMIZERS,
+             f"choose {' | '.join(OPTIMIZERS)} (or pick the option: optim=muon)."),
             ("lr", self.lr, self.lr > 0 and math.isfinite(self.lr),
              "use a positive finite learning rate, e.g. 1e-3."),
             ("min_lr", self.min_lr, 0 <= self.min_lr <= self.lr,
@@ -59,7 +79,23 @@ class OptimConfig:
              "use null (off) or a positive logit threshold, e.g. 100 (Kimi K2's)."),
             ("qk_lr_mult", self.qk_lr_mult, is_positive_number(self.qk_lr_mult),
              "use a positive finite multiplier of W_q's and W_k's learning rate, e.g. 1.0 "
-             "(the global LR) or d_head**-0.25 (sqrt_dk's equivalent for scaling=none).")))
+             "(the global LR) or d_head**-0.25 (sqrt_dk's equivalent for scaling=none)."),
+            ("muon_lr", self.muon_lr, is_positive_number(self.muon_lr),
+             "use a positive finite learning rate for Muon's matrices, e.g. 0.02 (nanochat's)."),
+            ("muon_weight_decay", self.muon_weight_decay, self.muon_weight_decay >= 0
+             and math.isfinite(self.muon_weight_decay), "use 0 (off) or a positive decay."),
+            ("momentum", self.momentum, 0 <= self.momentum < 1,
+             "use a number in [0, 1), e.g. 0.95."),
+            ("ns_steps", self.ns_steps, type(self.ns_steps) is int and 1 <= self.ns_steps < 100,
+             "use a whole number of Newton-Schulz iterations from 1 to 99, e.g. 5: with none "
+             "the update is not orthogonalised (torch.optim.Muon refuses 100 or more)."),
+            ("adjust_lr_fn", self.adjust_lr_fn, self.adjust_lr_fn in ADJUST_LR_FNS,
+             f"choose {' | '.join(ADJUST_LR_FNS)} (docs/training.md, \"Optimiser\")."),
+            ("muon_params", self.muon_params, self.muon_params is None or (
+                len(self.muon_params) > 0 and all(isinstance(p, str) and p.strip()
+                                                  for p in self.muon_params)),
+             "use null (every 2-D parameter inside the blocks) or a list of name patterns, "
+             "e.g. [blocks.*.attn.*_proj.weight].")))
 
 
 @dataclass(frozen=True)
