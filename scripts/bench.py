@@ -2,7 +2,8 @@
 
     python scripts/bench.py                       # everything; ~15 minutes on a 2-core CPU
     python scripts/bench.py --quick               # seconds: tiny sizes, few repeats (CI)
-    python scripts/bench.py --parts step data     # some of: matmul attention step data sync
+    python scripts/bench.py --parts step data     # some of: matmul attention step data optim sync
+    python scripts/bench.py --parts optim --threads 1   # optim=muon's step against AdamW's
     python scripts/bench.py --device cuda --attn-precision bf16 --configs gpt2_small
     python scripts/bench.py --parts step --configs nanogpt_cpu --nanogpt ~/nanoGPT  # vs nanoGPT
 
@@ -27,6 +28,13 @@ How it measures (these machines are shared and noisy, so absolute times drift):
   exactly the config's vocabulary (65 ids: nanoGPT's character vocabulary), prepared by
   data.prepare into a token cache in a temporary folder and batched by data.batching.Batcher
   (concat packing): the real data path, without needing the corpus or the network.
+- Muon against AdamW (--parts optim): the default recipe's step (the nanogpt_cpu shape,
+  trainer.precision=auto) built with optim=adamw and with optim=muon, interleaved; Muon's over
+  AdamW's median is the ratio. Beside it, the update of Muon's matrices alone (optimizer.step on
+  fixed gradients): the run's Muon (trainer/muon.py: Float32Muon in float32, its same-shape
+  matrices stacked), the same one matrix at a time, PyTorch's torch.optim.Muon (bfloat16, one
+  matrix at a time) and AdamW over the same matrices; and one evaluation's attention diagnostics
+  (trainer.diagnostics: trainer/diagnose.py's attention_record on one batch).
 - With --nanogpt DIR, nanoGPT's own train.py from that checkout runs as a subprocess with its
   README's CPU command (the nanogpt_cpu shape), in a scratch folder holding copies of its
   train.py, model.py, configurator.py and config file and this bench's tokens as its
@@ -71,6 +79,8 @@ from model.errors import UserError
 from model.gpt import GPT
 from scripts.common import ROOT, compose_config, interleave, median_ms, sync, timed
 from trainer.build import autocast_dtype, build, pick_device, precision_name
+from trainer.diagnose import attention_record
+from trainer.muon import Float32Muon
 from trainer.run_dir import cpu_name
 from trainer.step import train_step
 
@@ -272,8 +282,8 @@ class StepCase:
     batches), stepped with trainer.step.train_step."""
 
     def __init__(self, cfg: StepConfig, precision: str, compile_: bool, data: list[str],
-                 device: torch.device):
-        overrides = data + [
+                 device: torch.device, options: tuple[str, ...] = ()):
+        overrides = data + [*options,
             f"model.n_layer={cfg.n_layer}", f"model.n_head={cfg.n_head}",
             f"model.d_model={cfg.d_model}", f"model.block_size={cfg.block_size}",
             f"model.dropout={cfg.dropout}", f"trainer.batch_size={cfg.batch_size}",
@@ -359,6 +369,68 @@ def data_row(name: str, times: dict) -> dict:
     fastest = min(steps, key=steps.get)
     return {"config": name, "fetch_ms": fetch, "fastest_step": list(fastest),
             "fastest_step_ms": steps[fastest], "share_of_fastest_step": fetch / steps[fastest]}
+
+
+# ---------------------------------------------------------------- 5. Muon against AdamW
+
+OPTIMIZERS = ("adamw", "muon")
+
+
+class OneMatrixAtATime(Float32Muon):
+    """The run's Muon with no stacking: what stacking same-shape matrices saves."""
+
+    @staticmethod
+    def stacks(shapes: list[torch.Size]) -> list[list[int]]:
+        return [[i] for i in range(len(shapes))]
+
+
+def bench_optim(args, device: torch.device, folder: Path) -> dict:
+    """The default recipe's training step under optim=adamw and optim=muon, interleaved (median
+    ms, Muon's over AdamW's); the update of Muon's matrices alone by each implementation; one
+    evaluation's attention diagnostics."""
+    cfg = CONFIGS["nanogpt_cpu"]
+    data = corpus(folder, args.n_tokens, cfg.vocab_size)
+    cases = {name: StepCase(cfg, "auto", False, data, device, (f"optim={name}",))
+             for name in OPTIMIZERS}
+    muon_run = cases["muon"].run
+    matrices = [p for g in muon_run.state.optimizer.muon.param_groups for p in g["params"]]
+    batch = muon_run.eval_batches["val"][0]
+    calls = {name: case.step for name, case in cases.items()}
+    calls["diagnostics"] = lambda: attention_record(muon_run.state.model, batch, device)
+    for call in calls.values():
+        for _ in range(args.warmup):
+            call()
+    times = interleave(calls, args.rounds, args.per_round, device)
+    ms = {name: median_ms(t) for name, t in times.items()}
+    return {"config": "nanogpt_cpu", "precision": muon_run.compute.precision,
+            "muon": muon_run.state.optimizer.name,
+            "steps": {name: {"ms": ms[name], "times_ms": [1e3 * t for t in times[name]]}
+                      for name in OPTIMIZERS},
+            "muon_over_adamw": ms["muon"] / ms["adamw"],
+            "diagnostics_ms": ms["diagnostics"],
+            "updates": update_times(matrices, args, device)}
+
+
+def update_times(matrices: list[torch.Tensor], args, device: torch.device) -> dict:
+    """optimizer.step on copies of `matrices` with fixed gradients, by each implementation of
+    Muon and by AdamW, interleaved: median ms."""
+    def optimizer(kind) -> torch.optim.Optimizer:
+        params = [torch.nn.Parameter(m.detach().clone()) for m in matrices]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        if kind is torch.optim.AdamW:
+            return kind(params, fused=device.type in ("cuda", "cpu"))
+        return kind(params, lr=0.02)
+
+    kinds = {"Float32Muon (the run's, stacked)": Float32Muon,
+             "Float32Muon, one matrix at a time": OneMatrixAtATime,
+             "torch.optim.Muon (bfloat16)": torch.optim.Muon, "AdamW": torch.optim.AdamW}
+    steps = {name: optimizer(kind).step for name, kind in kinds.items()}
+    for step in steps.values():
+        step()   # warm-up: the momentum buffers and kernels
+    times = interleave(steps, args.rounds, args.per_round, device)
+    return {"matrices": len(matrices), "shapes": sorted({tuple(m.shape) for m in matrices}),
+            "ms": {name: median_ms(t) for name, t in times.items()}}
 
 
 # ---------------------------------------------------------------- nanoGPT, same run
@@ -566,6 +638,8 @@ def markdown(result: dict) -> str:
                       [[r["config"], r["fetch_ms"], " ".join(map(str, r["fastest_step"])),
                         r["fastest_step_ms"], f"{100 * r['share_of_fastest_step']:.2f}%"]
                        for r in result["data"]])]
+    if result.get("optim"):
+        out += ["", optim_markdown(result["optim"])]
     if result.get("sync"):
         out += ["", "## Host-device syncs per train_step", "", json.dumps(result["sync"])]
     return "\n".join(out) + "\n"
@@ -584,6 +658,25 @@ def step_markdown(rows: list[dict], with_nanogpt: bool) -> str:
         line += [r.get("nanogpt_ms"), r.get("speedup_vs_nanogpt")] if with_nanogpt else []
         body.append(line + [" / ".join(f"{s:.2f}" for s in r["warmup_s"])])
     return table(headers + ["warm-up s"], body)
+
+
+def optim_markdown(optim: dict) -> str:
+    """The step under each optimizer, Muon's update alone by each implementation, and one
+    evaluation's attention diagnostics against a step."""
+    steps, updates = optim["steps"], optim["updates"]
+    adamw = steps["adamw"]["ms"]
+    step_rows = [["adamw", "AdamW", steps["adamw"]["ms"], 1.0],
+                 ["muon", optim["muon"], steps["muon"]["ms"], optim["muon_over_adamw"]]]
+    alone = updates["ms"]
+    update_rows = [[name, ms, ms / alone["AdamW"]] for name, ms in alone.items()]
+    shapes = ", ".join("x".join(map(str, s)) for s in updates["shapes"])
+    return "\n".join([
+        f"## Muon against AdamW ({optim['config']}, {optim['precision']}: the default recipe's "
+        "step)", "", table(["optim", "optimizer", "ms/step", "vs AdamW"], step_rows), "",
+        f"The update alone: optimizer.step on Muon's {updates['matrices']} matrices ({shapes}), "
+        "fixed gradients", "", table(["implementation", "ms", "vs AdamW"], update_rows), "",
+        f"One evaluation's attention diagnostics (trainer.diagnostics, one batch): "
+        f"{optim['diagnostics_ms']:.3g} ms, {optim['diagnostics_ms'] / adamw:.2f} AdamW steps."])
 
 
 def nanogpt_markdown(nanogpt: dict) -> str:
@@ -632,7 +725,7 @@ FULL = {"seq_lens": [64, 128, 256, 512, 1024, 2048], "attn_tokens": 4096, "attn_
         "attn_heads": 6, "attn_rounds": 7, "configs": None, "rounds": 5, "per_round": 3,
         "warmup": 3,
         "n_tokens": SHAKESPEARE_TRAIN_TOKENS, "matmul_sizes": None, "nanogpt_iters": 20}
-PARTS = ("attention", "step", "sync")
+PARTS = ("attention", "step", "optim", "sync")
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -701,6 +794,8 @@ def run(args: argparse.Namespace, device: torch.device, folder: Path) -> dict:
                 for m, e in zip(result["matmul"], result["matmul_end"])}
         for row in result["step"]:
             row["mfu"] = row["model_flops_per_s"] / best[row["dtype"]]
+    if "optim" in args.parts:
+        result["optim"] = bench_optim(args, device, folder)
     if "sync" in args.parts:
         result["sync"] = check_syncs(args, device, folder)
     result["env"]["loadavg_end"] = list(os.getloadavg())

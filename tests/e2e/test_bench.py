@@ -92,15 +92,34 @@ def test_quick_run_has_step_and_data_rows(quick):
 
 
 @pytest.mark.slow
+def test_quick_run_times_muon_against_adamw(quick):
+    """The default recipe's step under each optimizer (fp32 here: this CPU's auto), the ratio
+    of their medians, Muon's 4 x 6 matrices updated alone by each implementation."""
+    optim = quick[0]["optim"]
+    assert (optim["config"], optim["precision"]) == ("nanogpt_cpu", "fp32")
+    assert optim["muon"] == "Float32Muon + AdamW"
+    steps = optim["steps"]
+    for row in steps.values():
+        assert row["ms"] > 0 and math.isclose(row["ms"], statistics.median(row["times_ms"]))
+    assert math.isclose(optim["muon_over_adamw"], steps["muon"]["ms"] / steps["adamw"]["ms"])
+    updates = optim["updates"]
+    assert updates["matrices"] == 24 and updates["shapes"] == [[128, 128], [128, 512],
+                                                                [512, 128]]
+    assert len(updates["ms"]) == 4 and all(ms > 0 for ms in updates["ms"].values())
+    assert optim["diagnostics_ms"] > 0
+
+
+@pytest.mark.slow
 def test_quick_markdown_tables_are_well_formed(quick):
     result, md, stdout = quick
     assert md.strip() in stdout
     for heading in ("## Peak matmul rate", "## Attention layer", "## Attention normalisers",
-                    "## Training step", "## Data path", "## Host-device syncs"):
+                    "## Training step", "## Data path", "## Muon against AdamW",
+                    "## Host-device syncs"):
         assert heading in md
     tables = [block for block in md.split("\n\n") if block.startswith("|")]
     assert [len(t.splitlines()) - 2 for t in tables] == [
-        2, 2 * len(SCALINGS), 2 * len(NORMALISERS), 2, 1]
+        2, 2 * len(SCALINGS), 2 * len(NORMALISERS), 2, 1, 2, 4]
     sigmoid = [line for line in tables[2].splitlines() if "| sigmoid |" in line]
     assert len(sigmoid) == 2 and all(line.split(" | ")[4] == "-" for line in sigmoid)  # no SDPA
     assert "nanoGPT ms" not in md and "vs nanoGPT" not in md  # no --nanogpt, no column
