@@ -1,6 +1,6 @@
-"""One optimizer step: fetch the micro-batches, forward, backward, clip, AdamW, schedule. The
-loss is the sum of the token losses of all micro-batches and processes over their count of real
-targets, so the step does not depend on padding or on how the batch is split over processes."""
+"""One optimizer step: fetch the micro-batches, forward, backward, clip, AdamW (optim=muon: Muon
+and AdamW), schedule. The loss is the sum of the token losses of all micro-batches and processes
+over their count of real targets: it depends neither on padding nor on how processes split it."""
 
 import math
 from contextlib import AbstractContextManager, nullcontext

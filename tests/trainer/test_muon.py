@@ -73,6 +73,16 @@ def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(scaling, norma
         extra = "sink"
     if extra:   # the vector this arm adds is there, on AdamW
         assert any(extra in name and kind == "adamw" for name, (kind, _, _) in got.items())
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    tokens = torch.randint(17, (4, 9), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):   # both optimizers step every parameter that has a gradient
+        optimizer.zero_grad()
+        loss = model(tokens[:, :-1], tokens[:, 1:])[1]
+        loss.backward()
+        optimizer.step()
+    assert torch.isfinite(loss)
+    for name, p in model.named_parameters():
+        assert p.grad.abs().max() == 0 or not torch.equal(p, before[name]), name
 
 
 def test_the_first_group_is_adamws_and_the_schedule_scales_both():
