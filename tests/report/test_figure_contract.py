@@ -7,16 +7,25 @@ committed CSV); each PNG drawn is compared with the committed file
 cited in the docs, and each drawn figure is checked on its matplotlib objects:
 
 - no empty axes; no text box overlaps another; no legend or label over a plotted point, no
-  point outside its panel's view; every text inside the figure;
+  point drawn outside its panel (in display coordinates, after dodging); every text inside the
+  figure;
+- every loss axis says nats, an accuracy axis that it is a fraction, an LR axis which LR;
+- the compared arms (all but the control) fill at least 40% of each panel's y range;
 - no two lines of a panel share a label or (two arms) a colour; each arm has the one map's
-  colour and marker (style.palette); no marker wholly hidden under another line's;
+  colour and marker (style.palette), the same in every figure, and a fork's new scale and
+  normaliser change no committed figure; no marker wholly hidden under another line's;
+- legends read as words (no number of more than 4 significant digits); no two reference lines
+  share a style;
 - every panel's x axis labels at least two ticks within its data;
 - every band and error bar inside its quantity's range, none at n <= 2, where the title says
   "no intervals"; no line joins categorical x positions; a log axis holds no value <= 0;
+- a mean of 2 seeds, and a geometric mean of seeds that split between solving and failing, is
+  drawn with each seed's point;
 - every group of the study's runs (its settings but seed and LR) is drawn; a point on a
   learning-rate axis lies at an LR run and, on a log y axis, is the geometric mean of its
   seeds' clipped losses (recomputed from runs.csv);
-- the title names the seeds as the run set is (held out, or not), and the LR each arm is drawn at.
+- the title names the seeds as the run set is (held out, or not), and the LR each arm is drawn
+  at; lr_stability.png's line styles each mean one thing.
 
 Figures no committed study draws are drawn from small fixtures of real shrunk runs (FIXTURES).
 """
@@ -28,8 +37,11 @@ import io
 import itertools
 import json
 import math
+import os
 import re
 import shlex
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -66,6 +78,10 @@ FIXTURES = {"length_lookup": ["diagnostics.png"],
             "normaliser_select": ["lr_transfer.png"]}
 STEP_FIGURES = ("loss_curves.png", "accuracy_curves.png", "loss_vs_baseline.png",
                 "diagnostics.png", "qk_grad_norms.png")
+SEED_FIGURES = (*STEP_FIGURES, "lr_transfer.png", "normaliser.png")   # whose seeds chose an LR
+CONTROL = "uniform"   # the control scale: drawn beside the compared arms, not one of them
+# what an axis of each quantity (a pattern of its label) must say of its unit
+UNITS = (("loss", "nats"), ("accuracy", "fraction"), (r"learning rate|\bLR\b", "optim.lr"))
 
 
 def redraw_commands() -> dict[str, list[str]]:
@@ -113,38 +129,47 @@ def redraw(key: str, options: list[str], out: Path) -> None:
 
 
 def recording(savefig, shown: dict):
-    """Figure.savefig that writes the file and keeps the figure and its path in `shown`."""
+    """Figure.savefig that writes the file (savefig None: not) and keeps the figure and its path
+    in `shown`."""
     def save(fig, fname, **kwargs):
-        savefig(fig, fname, **kwargs)
+        if savefig:
+            savefig(fig, fname, **kwargs)
         shown[Path(fname).name] = (fig, Path(fname))
     return save
 
 
-@pytest.fixture(scope="module")
-def drawn(tmp_path_factory):
-    """{key: {figure file name: (Figure, the PNG written)}}: each study drawn by its command,
-    docs/figures by its scripts."""
-    from scripts import coord_check, scaling_stats
-    out, keep, figures = tmp_path_factory.mktemp("contract"), Figure.savefig, {}
-    commands = {**{key: functools.partial(redraw, key, options)
-                   for key, options in STUDIES.items()},
-                **{key: functools.partial(redraw, key, ["--figures", ",".join(names)])
-                   for key, names in FIXTURES.items()},
-                "figures": lambda to: scaling_stats.draw_figures(scaling_stats.variance_table(),
-                                                                 to),
-                "figures/coord_check": lambda to: coord_check.main([
-                    "--from-csv", str(DOCS / "figures" / "coord_check" / "coord_check.csv"),
-                    "--out", str(to)])}
+def draw(commands: dict, out: Path, write: bool = True) -> dict:
+    """{key: {figure file name: (Figure, the PNG written)}} of each key's command (write False:
+    figures drawn, no PNG rendered)."""
+    keep, figures = Figure.savefig, {}
     try:
         for key, command in commands.items():
             shown = figures[key] = {}
-            Figure.savefig = recording(keep, shown)
+            Figure.savefig = recording(keep if write else None, shown)
             with contextlib.redirect_stdout(io.StringIO()):   # results.md, tables, printed
                 command(out / key.replace("/", "_"))
     finally:
         Figure.savefig = keep
         plt.close("all")
     return figures
+
+
+def study_commands() -> dict:
+    return {**{key: functools.partial(redraw, key, options) for key, options in STUDIES.items()},
+            **{key: functools.partial(redraw, key, ["--figures", ",".join(names)])
+               for key, names in FIXTURES.items()}}
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    """Each study drawn by its command, docs/figures by its scripts."""
+    from scripts import coord_check, scaling_stats
+    return draw({**study_commands(),
+                 "figures": lambda to: scaling_stats.draw_figures(scaling_stats.variance_table(),
+                                                                  to),
+                 "figures/coord_check": lambda to: coord_check.main([
+                     "--from-csv", str(DOCS / "figures" / "coord_check" / "coord_check.csv"),
+                     "--out", str(to)])}, tmp_path_factory.mktemp("contract"))
 
 
 @functools.cache   # committed files, read once per study, not once per panel
@@ -178,18 +203,37 @@ def data_lines(ax):
         ax.get_xaxis_transform(), ax.get_yaxis_transform()))]
 
 
+def point_lines(ax) -> list:
+    """The panel's data lines that draw points: a marker, or a line through two or more."""
+    return [line for line in data_lines(ax)
+            if line.get_marker() not in ("None", "", " ", None) or len(line.get_xdata()) > 1]
+
+
+def xy_of(line) -> np.ndarray:
+    """A line's finite (x, y) points, in data units."""
+    xy = np.column_stack([np.asarray(line.get_xdata(), float),
+                          np.asarray(line.get_ydata(), float)])
+    return xy[np.isfinite(xy).all(axis=1)]
+
+
+def bar_tops(ax) -> np.ndarray:
+    xy = [[p.get_x() + p.get_width() / 2, p.get_height()] for c in ax.containers
+          if isinstance(c, BarContainer) for p in c.patches]
+    return np.array(xy, float).reshape(-1, 2)
+
+
 def points(ax) -> np.ndarray:
     """Every finite (x, y) data point of the panel's lines and error bars, in data units."""
-    xy = [np.column_stack([np.asarray(line.get_xdata(), float),
-                           np.asarray(line.get_ydata(), float)]) for line in data_lines(ax)
-          if line.get_marker() not in ("None", "", " ", None) or len(line.get_xdata()) > 1]
-    xy += [np.array([[p.get_x() + p.get_width() / 2, p.get_height()] for p in c.patches])
-           for c in ax.containers if isinstance(c, BarContainer)]
-    xy = [a for a in xy if a.size]
-    if not xy:
-        return np.zeros((0, 2))
-    xy = np.concatenate(xy)
+    xy = np.concatenate([np.zeros((0, 2)), *map(xy_of, point_lines(ax)), bar_tops(ax)])
     return xy[np.isfinite(xy).all(axis=1)]
+
+
+def drawn_points(ax) -> np.ndarray:
+    """points() where they are drawn: display coordinates, each line by its own transform (a
+    line moved sideways, dodged, where it was moved to)."""
+    return np.concatenate([np.zeros((0, 2)), ax.transData.transform(bar_tops(ax)),
+                           *(line.get_transform().transform(xy_of(line))
+                             for line in point_lines(ax))])
 
 
 def has_data(ax) -> bool:
@@ -316,7 +360,7 @@ def overlapping_texts(fig) -> list[str]:
 
 def covered(ax, box) -> int:
     """How many of the panel's plotted points lie inside a display-space box."""
-    xy = ax.transData.transform(points(ax)) if len(points(ax)) else np.zeros((0, 2))
+    xy = drawn_points(ax)
     return int(((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0)
                 & (xy[:, 1] < box.y1)).sum())
 
@@ -341,14 +385,17 @@ def texts_over_points(fig) -> list[str]:
 
 
 def points_off_the_axes(fig) -> list[str]:
+    """No point is drawn outside its panel: read in display coordinates, where it is drawn (a
+    dodged line is moved after autoscaling has read its data)."""
+    rendered(fig)
     bad = []
     for ax in fig.axes:
-        xy = points(ax)
-        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
-        tol = 1e-9 * max(abs(y0), abs(y1), 1e-300)
-        off = (xy[:, 1] < y0 - tol) | (xy[:, 1] > y1 + tol) | (xy[:, 0] < x0) | (xy[:, 0] > x1)
+        xy, box = drawn_points(ax), ax.bbox
+        off = ((xy[:, 0] < box.x0 - 0.5) | (xy[:, 0] > box.x1 + 0.5) | (xy[:, 1] < box.y0 - 0.5)
+               | (xy[:, 1] > box.y1 + 0.5))
         if off.any():
-            bad.append(f"{int(off.sum())} point(s) of {ax.get_title()!r} off its axes")
+            bad.append(f"{int(off.sum())} point(s) of {column_title(fig, ax)!r} drawn off its"
+                       " axes")
     return bad
 
 
@@ -423,11 +470,16 @@ def unreadable_x_ticks(fig) -> list[str]:
     return bad
 
 
+def share(ylabel: str) -> bool:
+    """Whether a panel's quantity is a share, from 0 to 1 (an accuracy, a weight)."""
+    return any(w in ylabel.lower() for w in ("accuracy", "saturated", "/ ln", "weight"))
+
+
 def quantity_range(ylabel: str, key: str) -> tuple[float, float]:
     """The range a panel's quantity can take, read from its y label: a loss is at most the
     highest loss recorded (at init, as a rule)."""
     text = ylabel.lower()
-    if "accuracy" in text or "saturated" in text or "/ ln" in text or "weight" in text:
+    if share(text):
         return 0.0, 1.0
     if "entropy" in text:
         blocks = [float(c["settings"].get("model.block_size", 64)) for c in curves_of(key)]
@@ -481,26 +533,25 @@ def intervals_at_small_n(fig) -> list[str]:
     return bad
 
 
+def legend_looks(fig) -> list[tuple[str, str, object]]:
+    """(arm, colour, marker or None where the entry shows none) of each arm's legend entry."""
+    found = []
+    for leg in legends(fig):
+        for text, handle in zip([t.get_text() for t in leg.get_texts()], leg.legend_handles):
+            if (arm := arm_of(text)) and isinstance(handle, (Line2D, LineCollection)):
+                shown = isinstance(handle, Line2D) and str(handle.get_marker()).lower() != "none"
+                found.append((arm, to_hex(handle.get_color()[0] if isinstance(
+                    handle, LineCollection) else handle.get_color()),
+                              handle.get_marker() if shown else None))
+    return found
+
+
 def colours_off_the_map(figures: dict) -> list[str]:
-    entries = [(name, leg, text, handle) for name, fig in figures.items()
-               for leg in legends(fig)
-               for text, handle in zip([t.get_text() for t in leg.get_texts()],
-                                       leg.legend_handles)]
-    arms = sorted({arm for *_, text, _ in entries if (arm := arm_of(text))})
-    looks = palette(arms)
-    bad = []
-    for name, _, text, handle in entries:
-        arm = arm_of(text)
-        if arm is None or not isinstance(handle, (Line2D, LineCollection)):
-            continue
-        colour, marker = looks[arm][:2]
-        drawn = to_hex(handle.get_color()[0] if isinstance(handle, LineCollection)
-                       else handle.get_color())
-        shown = isinstance(handle, Line2D) and str(handle.get_marker()).lower() != "none"
-        if drawn != to_hex(colour) or (shown and handle.get_marker() != marker):
-            bad.append(f"{name}: {arm} drawn {drawn}"
-                       f" {handle.get_marker() if shown else ''}, the map says {colour} {marker}")
-    return bad
+    entries = [(name, *look) for name, fig in figures.items() for look in legend_looks(fig)]
+    looks = palette(sorted({arm for _, arm, *_ in entries}))
+    return [f"{name}: {arm} drawn {drawn} {marker or ''}, the map says {looks[arm][:2]}"
+            for name, arm, drawn, marker in entries
+            if drawn != to_hex(looks[arm][0]) or marker not in (None, looks[arm][1])]
 
 
 def numeric(text: str) -> bool:
@@ -550,7 +601,7 @@ def off_the_learning_rates(fig, key: str) -> list[str]:
     lrs = {float(r["optim.lr"]) for r in runs_of(key) if r.get("optim.lr")}
     bad = []
     for ax in fig.axes:
-        if ax.get_xlabel() != "learning rate":
+        if "learning rate" not in ax.get_xlabel():
             continue
         xs = points(ax)[:, 0]
         off = [x for x in xs if not any(math.isclose(x, lr, rel_tol=1e-9) for lr in lrs)]
@@ -576,7 +627,7 @@ def arithmetic_means_on_log_axes(fig, key: str) -> list[str]:
              for group, losses in seeds.items()] if "optim.lr" in columns else []
     bad = []
     for ax in fig.axes:
-        if ax.get_xlabel() != "learning rate" or ax.get_yscale() != "log":
+        if "learning rate" not in ax.get_xlabel() or ax.get_yscale() != "log":
             continue
         for text, line in labelled(ax):
             for x, y in zip(line.get_xdata(), line.get_ydata()):
@@ -622,16 +673,172 @@ def claims(fig) -> list[str]:
     return bad
 
 
+def axes_without_units(fig) -> list[str]:
+    """Every loss axis says nats; an accuracy axis, that it is a fraction; a learning-rate
+    axis, which LR (optim.lr, the schedule's peak)."""
+    return [f"{column_title(fig, ax)!r}: {text!r} does not say {unit}" for ax in fig.axes
+            for text in (ax.get_xlabel(), ax.get_ylabel()) for what, unit in UNITS
+            if re.search(what, text, re.IGNORECASE) and unit not in text]
+
+
+def rgb(colours) -> set[str]:
+    """The colours of an artist's colour array, without alpha."""
+    return {to_hex(c) for c in np.atleast_2d(colours) if len(c)} if len(colours) else set()
+
+
+def squeezed_arms(fig) -> list[str]:
+    """The compared arms (every arm but the control: its lines, seed points, bands and bars, by
+    their colour) fill at least 40% of each panel's height: a control or reference level far
+    from them goes to its own panel or to the axis's edge. A share drawn over its whole range,
+    0 to 1, is drawn so on purpose."""
+    rendered(fig)
+    bad = []
+    for ax in fig.axes:
+        if share(ylabel_of(fig, ax)) and np.ptp(ax.get_ylim()) >= 1:
+            continue
+        arms = {colour(line) for text, line in labelled(ax) if isinstance(line, Line2D)
+                and (arm := arm_of(text)) and arm.split(",")[0] != CONTROL}
+        ys = [line.get_transform().transform(xy_of(line))[:, 1] for line in data_lines(ax)
+              if colour(line) in arms]
+        ys += [c.get_transform().transform(path.vertices)[:, 1] for c in ax.collections
+               if (rgb(c.get_facecolor()) | rgb(c.get_edgecolor())) & arms
+               for path in c.get_paths() if len(path.vertices)]
+        ys = np.concatenate([np.zeros(0), *ys])
+        ys = ys[np.isfinite(ys)]
+        if len(ys) and 1 < np.ptp(ys) < 0.4 * ax.bbox.height:
+            bad.append(f"{column_title(fig, ax)!r}: the compared arms fill"
+                       f" {np.ptp(ys) / ax.bbox.height:.0%} of the panel's height")
+    return bad
+
+
+def legends_not_words(fig) -> list[str]:
+    """Legends read as words: no number of more than 4 significant digits (0.005946035575)."""
+    return [f"legend entry {text!r}" for leg in legends(fig)
+            for text in (t.get_text() for t in leg.get_texts())
+            if any(len(m.replace(".", "").lstrip("0")) > 4
+                   for m in re.findall(r"\d+(?:\.\d+)?", text))]
+
+
+def shared_level_styles(fig) -> list[str]:
+    """No two reference lines (levels, marks across a panel) of other names share a colour and
+    dash pattern (a name is its label less a trailing value)."""
+    names = {}
+    for ax in fig.axes:
+        for line in ax.lines:
+            if line not in data_lines(ax) and not line.get_label().startswith("_"):
+                look = (colour(line), line.get_linestyle(), str(line._unscaled_dash_pattern))
+                names.setdefault(look, set()).add(re.sub(r"[-\d.]+$", "", line.get_label()))
+    return [f"reference lines {sorted(n)} share the style {look}" for look, n in names.items()
+            if len(n) > 1]
+
+
+def outcome(row: dict) -> tuple[bool, bool]:
+    """A run's outcome: whether it failed, and whether it solved the task (recall runs)."""
+    return row["failed"] == "true", bool(row.get("steps_to_90"))
+
+
+@functools.cache
+def seed_groups(key: str, lr_axis: bool) -> list[tuple]:
+    """(LR, each seed's value, whether its seeds split between solving and failing) per group
+    of the study's runs (its settings but seed): the clipped loss on a learning-rate axis, else
+    the final loss of the runs that did not fail."""
+    columns = [c for c in settings(key) if c != "trainer.seed"]
+    groups = {}
+    for row in runs_of(key):
+        if lr_axis or row["failed"] != "true":
+            groups.setdefault(tuple(row[c] for c in columns), []).append(row)
+    return [(float(rows[0].get("optim.lr") or math.nan),
+             [clipped(r) if lr_axis else float(r["final_val_loss_full"]) for r in rows],
+             len({outcome(r) for r in rows}) > 1) for rows in groups.values()]
+
+
+def own_lines(ax) -> set:
+    """The lines that are part of a container (an error bar's data line and caps)."""
+    return {id(line) for c in ax.containers if isinstance(c, ErrorbarContainer)
+            for line in (c.lines[0], *c.lines[1]) if line is not None}
+
+
+def seeds_alone(fig, key: str) -> list[str]:
+    """A mean of 2 seeds, and a geometric mean of seeds that split between solving and failing,
+    is drawn with each seed's point: an unlabelled point of its colour at its x. On a
+    learning-rate or final-loss panel each mean is matched to the group of runs.csv it is the
+    mean of; on a step panel of a figure whose title says n = 2, each line needs two."""
+    ns = {int(n) for n in re.findall(r"n\s*=\s*(\d+)", title(fig))}
+    bad = []
+    for ax in fig.axes:
+        lr_axis, log = "learning rate" in ax.get_xlabel(), ax.get_yscale() == "log"
+        means = [(t, line) for t, line in labelled(ax) if isinstance(line, Line2D)
+                 and (arm_of(t) or t.startswith("d_model="))]
+        seeds = [line for line in data_lines(ax) if line.get_label().startswith("_")
+                 and id(line) not in own_lines(ax)]
+        for text, line in means:
+            spots = [xy_of(s) for s in seeds if colour(s) == colour(line)]
+            if ax.get_xlabel() == "step":
+                if ns == {2} and len(spots) < 2:
+                    bad.append(f"{column_title(fig, ax)!r}: {text} a mean of 2 seeds alone")
+                continue
+            if not lr_axis and "final val loss" not in ylabel_of(fig, ax):
+                continue
+            spots = np.concatenate([np.zeros((0, 2)), *spots])
+            for (x, y), (lr, values, split) in itertools.product(
+                    xy_of(line), seed_groups(key, lr_axis)):
+                mean = math.exp(np.mean(np.log(values))) if log else np.mean(values)
+                if ((lr_axis and not math.isclose(x, lr, rel_tol=1e-9))
+                        or not math.isclose(y, mean, rel_tol=1e-6)
+                        or not (len(values) == 2 or (log and split))):
+                    continue
+                alone = [v for v in values if not any(math.isclose(px, x, rel_tol=1e-9)
+                                                      and math.isclose(py, v, rel_tol=1e-6)
+                                                      for px, py in spots)]
+                if alone:
+                    bad.append(f"{column_title(fig, ax)!r}: {text} at x = {x:g} drawn as the"
+                               f" mean of {len(values)} seeds{' that split' * split} without"
+                               f" each seed's point ({alone})")
+    return bad
+
+
+def arm_parts(row: dict, key: str) -> set:
+    """A runs.csv row's arm as the figures name it, as a set of its parts: its scale, and each
+    key it is compared by at other than its most common value (short_key=value)."""
+    common = {c: Counter(r[c] for r in runs_of(key)).most_common(1)[0][0] for c in compared(key)}
+    return {row["scaling"], *(f"{c.rsplit('.', 1)[-1]}={row[c]}" for c in compared(key)
+                              if c != "scaling" and row[c] != common[c])}
+
+
+def stability_styles(fig, key: str, name: str) -> list[str]:
+    """lr_stability.png's line styles mean one thing each: solid, an arm's highest LR at and
+    below which no run failed; dashed, its lowest LR where one failed; the legend says so, with
+    no second meaning."""
+    if name != "lr_stability.png":
+        return []
+    bad = [f"legend entry {t!r} gives its style a second meaning" for leg in legends(fig)
+           for t in (x.get_text() for x in leg.get_texts()) if re.search(r"\(.*:.*\)", t)]
+    for ax in fig.axes:
+        for text, line in labelled(ax):
+            arm, _, lr = text.rpartition(", lr ")
+            rows = [r for r in runs_of(key) if arm_parts(r, key) == set(arm.split(", "))]
+            lrs = sorted({float(r["optim.lr"]) for r in rows})
+            failed = {float(r["optim.lr"]) for r in rows if r["failed"] == "true"}
+            stable = max((x for x in lrs if not any(f <= x for f in failed)), default=None)
+            first = min(failed, default=None)
+            want = {"-": stable, "--": first}.get(line.get_linestyle())
+            if want is None or not math.isclose(float(lr), want):
+                bad.append(f"{text!r} drawn {line.get_linestyle()!r}: solid is the highest"
+                           f" stable LR ({stable}), dashed the first failing ({first})")
+    return bad
+
+
 def held_out(key: str):
-    """Whether the step curves' seeds are held out from the LR choice (None: no LR chosen)."""
+    """Whether the seeds drawn are held out from the LR choice (None: no LR chosen)."""
     if "--select-from" in STUDIES.get(key, []):
         return True
     return False if len({r.get("optim.lr") for r in runs_of(key)}) > 1 else None
 
 
 def run_set(fig, name: str, key: str) -> list[str]:
-    """A step figure's title names the seeds as they are; an arm is drawn at its LR."""
-    if name not in STEP_FIGURES or (held := held_out(key)) is None:
+    """A title names the seeds as they are, held out or not; a step figure's arm is drawn at its
+    LR."""
+    if name not in SEED_FIGURES or (held := held_out(key)) is None:
         return []
     text = " ".join(title(fig).split())
     says_held = re.search(r"(?<!not )held[- ]out", text) is not None
@@ -650,7 +857,9 @@ def any_figure(fig) -> list[str]:
     return (empty_axes(fig) + overlapping_texts(fig) + legend_over_points(fig)
             + texts_over_points(fig) + points_off_the_axes(fig) + texts_outside(fig)
             + categorical_joins(fig) + hidden_on_log_axes(fig) + duplicate_labels(fig)
-            + shared_colours(fig) + hidden_markers(fig) + unreadable_x_ticks(fig))
+            + shared_colours(fig) + hidden_markers(fig) + unreadable_x_ticks(fig)
+            + axes_without_units(fig) + squeezed_arms(fig) + legends_not_words(fig)
+            + shared_level_styles(fig))
 
 
 def study_figure(fig, key: str, name: str) -> list[str]:
@@ -658,8 +867,8 @@ def study_figure(fig, key: str, name: str) -> list[str]:
     return (intervals_out_of_range(fig, key) + intervals_at_small_n(fig)
             + losses_a_decade_apart_on_a_linear_axis(fig) + off_the_learning_rates(fig, key)
             + arithmetic_means_on_log_axes(fig, key) + arms_not_drawn(fig, key, name)
-            + arms_unnamed(fig, key, name)
-            + claims(fig) + run_set(fig, name, key))
+            + arms_unnamed(fig, key, name) + seeds_alone(fig, key)
+            + stability_styles(fig, key, name) + claims(fig) + run_set(fig, name, key))
 
 
 # ------------------------------------------------------------------ the tests
@@ -705,3 +914,67 @@ def test_every_committed_figure_is_cited_in_the_docs(key, name):
 def test_each_arm_has_the_one_maps_colour_and_marker_in_every_figure(drawn, key):
     problems = colours_off_the_map({name: fig for name, (fig, _) in drawn[key].items()})
     assert not problems, "\n".join(problems)
+
+
+def test_an_arm_looks_the_same_in_every_figure_of_every_study(drawn):
+    """Sibling figures (length_text and length_lookup, reparam and reparam_recall) included:
+    one colour per arm, one marker where its legend entry shows one."""
+    colours, markers = {}, {}
+    for key, figures in drawn.items():
+        for name, (fig, _) in figures.items():
+            for arm, colour_, marker in legend_looks(fig):
+                colours.setdefault(arm, {}).setdefault(colour_, set()).add(f"{key}/{name}")
+                if marker:
+                    markers.setdefault(arm, {}).setdefault(marker, set()).add(f"{key}/{name}")
+    problems = [f"{arm}: {seen}" for looks in (colours, markers) for arm, seen in looks.items()
+                if len(seen) > 1]
+    assert not problems, "\n".join(problems)
+
+
+def fingerprint(fig) -> list:
+    """What a figure draws, artist by artist, as JSON: its title, each panel's texts, scales and
+    limits, each line's label, look and points, each collection's colours, the legends'
+    entries."""
+    found = [title(fig), [t.get_text() for leg in legends(fig) for t in leg.get_texts()]]
+    for ax in fig.axes:
+        found += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), ax.get_xscale(),
+                  ax.get_yscale(), [*ax.get_xlim(), *ax.get_ylim()],
+                  [t.get_text() for t in ax.texts]]
+        found += [[line.get_label(), colour(line), str(line.get_marker()),
+                   str(line._unscaled_dash_pattern), xy_of(line).tolist()] for line in ax.lines]
+        found += [[type(c).__name__, [to_hex(x) for x in c.get_facecolor()],
+                   [to_hex(x) for x in c.get_edgecolor()]] for c in ax.collections]
+    return json.loads(json.dumps(found, default=float))
+
+
+# A fork adds a scale and a normaliser as docs/scaling.md says: a row last in model/config.py's
+# SCALES and NORMALISERS, before anything that reads them is imported. It then draws every
+# committed study's figures (not rendered) and prints their fingerprints.
+FORK = """
+import functools, json, sys
+from model import config
+config.SCALES["fork_scale"] = config.Scale(lambda d, c, C: 0.5)
+config.SCALINGS = tuple(config.SCALES)
+config.NORMALISERS["fork_normaliser"] = config.NORMALISERS["softmax"]
+import test_figure_contract as contract
+from scripts import plot_runs
+plot_runs.write_report = lambda *args: None   # the figures only
+figures = contract.draw({key: functools.partial(contract.redraw, key, options)
+                         for key, options in contract.STUDIES.items()}, contract.Path(sys.argv[1]),
+                        write=False)
+print(json.dumps({f"{key}/{name}": contract.fingerprint(fig) for key, drawn in figures.items()
+                  for name, (fig, _) in drawn.items()}))
+"""
+
+
+def test_a_forks_new_scale_and_normaliser_change_no_committed_figure(drawn, tmp_path):
+    """Looks follow an arm's name, not its place in SCALINGS: a fork's new scale and normaliser
+    redraw every committed study's figures as they are, artist by artist."""
+    done = subprocess.run([sys.executable, "-c", FORK, str(tmp_path)], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "report")])})
+    assert done.returncode == 0, done.stderr[-3000:]
+    fork = json.loads(done.stdout.splitlines()[-1])
+    changed = [f"{key}/{name}" for key in STUDIES for name, (fig, _) in drawn[key].items()
+               if fork[f"{key}/{name}"] != fingerprint(fig)]
+    assert not changed, f"{len(changed)} of the committed figures change: {changed}"
