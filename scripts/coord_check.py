@@ -35,6 +35,8 @@ the figure, the measured time and what the check can and cannot tell.
 
 import argparse
 import csv
+import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from model.config import GPTConfig, ParamConfig, ScalingConfig
 from model.gpt import GPT
@@ -190,41 +193,54 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def plot(rows: list[dict], setup: Setup, path: Path) -> None:
-    """A row of panels per arm, a panel per quantity: the mean over seeds against width (log
-    axis), a line per step, from dark (initialisation) to light (the last step); each panel's y
-    axis from 0."""
+    """A row of panels per arm, a panel per quantity: the mean over seeds against width, a line
+    per step from dark (initialisation) to light (the last step), both axes log (the quantities
+    grow by orders of magnitude); the x margins hold the lines moved sideways (dodge)."""
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     names = quantities(setup.n_layer)
     fig, axes = plt.subplots(len(arms), len(names), figsize=(2.3 * len(names), 2.0 * len(arms)),
                              squeeze=False)
     colors = plt.cm.viridis([t / max(1, setup.steps) for t in range(setup.steps + 1)])
-    for i, arm in enumerate(arms):
-        for j, name in enumerate(names):
-            ax = axes[i][j]
-            for step in range(setup.steps + 1):
-                by_width = value(rows, arm, name, step)
-                widths = sorted(by_width)
-                dodge(ax, (step, setup.steps + 1),   # equal values: markers side by side
-                      ax.plot(widths, [by_width[w] for w in widths], "o-", ms=2.5, lw=1,
-                              color=colors[step], label=f"step {step}"))
-            ax.set_xscale("log", base=2)
-            ax.set_ylim(bottom=0)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-            if i == 0:
-                ax.set_title(name, fontsize=9)
-            if i == len(arms) - 1:
-                ax.set_xlabel("d_model", fontsize=8)
-            if j == 0:
-                ax.set_ylabel(f"{arm}\nmean |x|", fontsize=8)
+    zeros = {}   # quantity -> the (arm, step)s at 0 (muP's zero W_q: logits 0 at step 0)
+    for (i, arm), (j, name) in itertools.product(enumerate(arms), enumerate(names)):
+        ax = axes[i][j]
+        for step in range(setup.steps + 1):
+            by_width = value(rows, arm, name, step)
+            widths = sorted(by_width)
+            if any(by_width[w] <= 0 for w in widths):
+                zeros.setdefault(name, set()).add(f"{arm} at step {step}")
+            dodge(ax, (step, setup.steps + 1),   # equal values: markers side by side
+                  ax.plot(widths, [by_width[w] if by_width[w] > 0 else math.nan for w in widths],
+                          "o-", ms=2.5, lw=1, color=colors[step], label=f"step {step}"))
+        log_axes(ax)
+        ax.set_title(name if i == 0 else "", fontsize=9)
+        ax.set_xlabel("d_model" if i == len(arms) - 1 else "", fontsize=8)
+        ax.set_ylabel(f"{arm}\nmean |x|" if j == 0 else "", fontsize=8)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+    left = "; ".join(f"{name} of {', '.join(sorted(at))}" for name, at in zeros.items())
     fig.suptitle(f"Coordinate check: AdamW at lr {setup.lr:g}, n_head {setup.n_head}, "
                  f"{setup.n_layer} layers, a fixed batch of {setup.batch_size} x "
-                 f"{setup.block_size} random tokens; mean of {setup.seeds} seeds", fontsize=10)
+                 f"{setup.block_size} random tokens; mean of {setup.seeds} seeds; log axes"
+                 + (f"\nleft out, values of 0 (a log axis holds none): {left}" if left else ""),
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.93, 1))
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def log_axes(ax) -> None:
+    """Both axes log, x base 2; y labelled at the decades, or at 1, 2, 3 and 5 times them where
+    the panel spans less than one; x margins that hold the lines moved sideways (dodge)."""
+    ys = [y for line in ax.lines for y in line.get_ydata() if y > 0]
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 3, 5) if max(ys) < 10 * min(ys) else (1,)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.margins(x=0.15)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
 
 
 def main(argv=None) -> int:
