@@ -408,3 +408,35 @@ def test_qk_norm_scale_sweeps_caps_that_span_sqrt_d_head_and_the_recipes_16_at_e
                       **OmegaConf.to_container(cfg.model, resolve=True))
             assert scaling.attn_mult is None
     assert "model.attn_gate=headwise" in text
+
+
+def test_optimizer_study_crosses_adamw_and_muon_over_one_lr_each_arm_drives():
+    """experiment=optimizer: {adamw, muon} x {none, sqrt_dk, gain-free RMSNorm, QK-Clip}; under
+    Muon match_rms_adamw with muon_lr = lr and its decay = weight_decay, so the swept optim.lr
+    is each arm's one LR; stage 1 on seeds 101-103 up to lr_stability's high LRs, stage 2 on
+    1-5; every arm the header names builds under both optimizers."""
+    sel, rep = preset("optimizer_select"), preset("optimizer")
+    assert sweep_values(sel, "optim") == ["adamw", "muon"]
+    assert sweep_values(sel, "scaling") == ["sqrt_dk", "none"]
+    assert sweep_values(sel, "trainer.seed") == ["101", "102", "103"]
+    assert sweep_values(rep, "trainer.seed") == ["1", "2", "3", "4", "5"]
+    lrs = sorted(float(v) for v in sweep_values(sel, "optim.lr"))
+    assert all(b == pytest.approx(2 * a) for a, b in zip(lrs, lrs[1:])) and lrs[-1] >= 0.25
+    for name in ("adamw", "muon"):
+        cfg = compose_preset("optimizer_select", (f"optim={name}", "optim.lr=0.128"),
+                             hydra=False)
+        optim = OptimConfig(**OmegaConf.to_container(cfg.optim, resolve=True))
+        assert (optim.name, optim.muon_lr, optim.muon_weight_decay, optim.adjust_lr_fn) == (
+            name, 0.128, optim.weight_decay, "match_rms_adamw")
+    text = " ".join(line.lstrip("# ").rstrip(" \\") for line in header("optimizer_select"))
+    for arm in ("scaling=sqrt_dk scaling.qk_norm=rmsnorm scaling.qk_norm_gain=false",
+                "scaling=sqrt_dk optim.qk_clip=50", "scaling=uniform"):
+        assert arm in text
+        for name in ("adamw", "muon"):
+            cfg = compose_preset("optimizer_select", (f"optim={name}", *arm.split()),
+                                 hydra=False)
+            OptimConfig(**OmegaConf.to_container(cfg.optim, resolve=True))
+            GPTConfig(vocab_size=65, scaling=ScalingConfig(**cfg.scaling),
+                      param=ParamConfig(**cfg.param),
+                      **OmegaConf.to_container(cfg.model, resolve=True))
+    assert sel.model == rep.model and rep.trainer.max_steps == TrainerConfig().max_steps
