@@ -56,8 +56,8 @@ def muon_parameters(model: GPT, optim_cfg: OptimConfig) -> list[torch.nn.Paramet
     chosen = [(n, p) for n, p in named if any(fnmatchcase(n, pat) for pat in patterns)]
     vectors = [f"{n} {tuple(p.shape)}" for n, p in chosen if p.dim() != 2]
     if vectors:
-        named = ", ".join(vectors[:2]) + (f" and {len(vectors) - 2} more" if vectors[2:] else "")
-        raise invalid("optim.muon_params", patterns, f"it routes {named} to Muon, "
+        listed = ", ".join(vectors[:2]) + (f" and {len(vectors) - 2} more" if vectors[2:] else "")
+        raise invalid("optim.muon_params", patterns, f"it routes {listed} to Muon, "
                       "which updates 2-D matrices only (it orthogonalises each update, and a "
                       "vector has no matrix to orthogonalise). Narrow the patterns to weight "
                       "matrices, e.g. [blocks.*.attn.*_proj.weight,blocks.*.mlp.*.weight], and "
