@@ -381,7 +381,7 @@ def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], l
     keys = group_runs(runs, drop=(LR_KEY,))
     # one palette for the arms of every figure; --against's keys and the length factor name arms
     arms = length_arms(Arms.of(keys, {k for setting in reading.against for k, _ in setting}))
-    frame = Frame(arms, arms.looks(keys), seeds, reading.levels, args.baseline)
+    frame = Frame(arms, arms.looks(keys), seeds, reading.levels, args.baseline, reading.which)
     records = all(map(has_curves, runs))
     if not records:
         notes.append(f"step-curve figures need every run's records (its folder, or the"
@@ -394,7 +394,8 @@ def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], l
              "qk_grad_norms.png": step and (lambda: plot_qk_grads(frame, curves)),
              "length_lookup.png": lambda: plot_lookup(frame, runs),
              "length_text.png": lambda: plot_text(frame, runs),
-             "lr_transfer.png": bool(lr_runs) and (lambda: plot_lr(frame, lr_runs, which)),
+             "lr_transfer.png": bool(lr_runs) and (lambda: plot_lr(frame, lr_runs, which,
+                                                                    reading.plan)),
              "lr_stability.png": (bool(lr_runs) and reading.plan.select_runs is None and records
                                   and (lambda: plot_stability(frame, lr_runs, which))),
              "width_transfer.png": (bool(lr_runs) and WIDTH_KEY in varying_keys(lr_runs)

@@ -19,6 +19,7 @@ from scripts.report import style
 from scripts.report.runs import (
     LR_KEY,
     SOLVED_ACCURACY,
+    VARIANT_KEY,
     RunRecord,
     eval_series,
     group_runs,
@@ -41,6 +42,13 @@ class Frame:
     seeds: str = ""
     levels: Optional[dict] = None
     baseline: str = "sqrt_dk"
+    which: str = "full"   # the final loss that judges a failed run (stats.LOSSES)
+
+
+def decade(values: list) -> bool:
+    """Whether positive values span a decade or more (a log axis then)."""
+    ys = [v for v in values if v > 0]
+    return bool(ys) and max(ys) >= 10 * min(ys)
 
 
 def arm_label(frame: Frame, key: tuple, runs: list) -> str:
@@ -49,18 +57,16 @@ def arm_label(frame: Frame, key: tuple, runs: list) -> str:
     return frame.arms.name(key) + (f", lr {lr:g}" if one else "")
 
 
-def panel_grid(frame: Frame, groups: dict, rows: int = 0, height: float = 2.6):
-    """A panel per setting, three a row (or `rows` rows, a column per setting); the settings."""
-    settings = frame.arms.settings(groups)
-    n_rows, n_cols = (rows, len(settings)) if rows else (math.ceil(len(settings) / 3),
-                                                         min(len(settings), 3))
-    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, layout="constrained",
-                             figsize=(max(3.6 * n_cols + 0.8, 8.0), height * n_rows + 1.6))
-    return fig, axes, settings
+def panel_grid(n: int, rows: int = 0, height: float = 2.6):
+    """n panels, three a row (or `rows` rows of n columns)."""
+    n_rows, n_cols = (rows, n) if rows else (math.ceil(n / 3), min(n, 3))
+    return plt.subplots(n_rows, n_cols, squeeze=False, layout="constrained",
+                        figsize=(max(3.6 * n_cols + 0.8, 8.0), height * n_rows + 1.6))
 
 
 def draw_panel(ax, frame: Frame, members: dict, row: tuple) -> tuple[list, set]:
-    """A mean line (and band) per arm; each line's n, arms with a 0 left out."""
+    """A mean line (and band) per arm, with its seeds' lines where style.seeds_drawn; each
+    line's n, arms with a 0 left out."""
     series_of, bounds, log = row
     ns, zeros, drawn = [], set(), []
     for key, runs in members.items():
@@ -68,11 +74,15 @@ def draw_panel(ax, frame: Frame, members: dict, row: tuple) -> tuple[list, set]:
         if log and any(v == 0 for _, ys in series for v in ys):
             zeros.add(frame.arms.name(key))
         if (agg := style.aggregate(series, log)) is not None:
-            drawn.append((key, agg))
+            ordered = sorted(runs, key=lambda r: style.seed_order(r.seed))
+            seeds = [(xs, [y if y > 0 or not log else math.nan for y in ys])
+                     for xs, ys in map(series_of, ordered)
+                     ] if style.seeds_drawn(runs, log, frame.which, frame.levels) else []
+            drawn.append((key, agg, seeds))
             ns.append(len(runs))
-    for i, (key, agg) in enumerate(drawn):
+    for i, (key, agg, seeds) in enumerate(drawn):
         style.draw_mean(ax, agg, frame.looks[frame.arms.name(key)],
-                        arm_label(frame, key, members[key]), bounds, (i, len(drawn)))
+                        arm_label(frame, key, members[key]), bounds, (i, len(drawn)), seeds)
     ax.set_yscale("log" if log else "linear")
     ax.grid(alpha=0.3)
     return ns, zeros
@@ -85,7 +95,8 @@ def at(frame: Frame, groups: dict, setting: tuple) -> dict:
 def step_curves(frame: Frame, groups: dict, series_of, y: tuple, title: str):
     """y: (label, bounds of the quantity, reference levels, log y); a panel per setting."""
     ylabel, bounds, levels, log = y
-    fig, axes, settings = panel_grid(frame, groups)
+    settings = frame.arms.settings(groups)
+    fig, axes = panel_grid(len(settings))
     ns = []
     for ax, setting in zip(axes.flat, settings):
         ns += draw_panel(ax, frame, at(frame, groups, setting), (series_of, bounds, log))[0]
@@ -95,7 +106,8 @@ def step_curves(frame: Frame, groups: dict, series_of, y: tuple, title: str):
         ax.set(title=panel_title(setting), xlabel="step", ylabel=ylabel)
         ax.title.set_fontsize(9)
     geometric = "; log y: geometric mean" if log else ""
-    return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}{geometric}")
+    return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}{geometric}"
+                        f"{style.seeds_note(fig)}")
 
 
 def panel_title(setting: tuple) -> str:
@@ -119,7 +131,7 @@ def plot_losses(frame: Frame, groups: dict):
     """Validation loss, all of training in view (log y where it spans a decade or more)."""
     values = [v for runs in groups.values() for r in runs
               for v in eval_series(r, "val_loss", None)[1] if math.isfinite(v) and v > 0]
-    log = bool(values) and max(values) >= 10 * min(values)
+    log = decade(values)
     levels = {**(frame.levels or {}), **chance_loss(groups)}
     return step_curves(frame, groups, lambda r: eval_series(r, "val_loss", None),
                        ("val loss (nats)", (0.0, max(values, default=math.inf)), levels, log),
@@ -133,7 +145,7 @@ def plot_accuracy(frame: Frame, groups: dict):
         return None
     lines = {"solved": SOLVED_ACCURACY, **({"chance": c} if (c := chance(groups)) else {})}
     return step_curves(frame, groups, lambda r: eval_series(r, "val_accuracy", None),
-                       ("val accuracy", SHARE, lines, False),
+                       ("val accuracy (fraction)", SHARE, lines, False),
                        "Validation accuracy on the fixed sampled batches")
 
 
@@ -162,7 +174,8 @@ def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str,
               x: tuple = ("step", False, None)):
     """A row per statistic (y label, series of a run, bounds, log y[, reference levels]), a
     column per setting. x: (label, log x, extra(ax, row, groups) drawn in each panel)."""
-    fig, axes, settings = panel_grid(frame, groups, rows=len(rows), height=2.1)
+    settings = frame.arms.settings(groups)
+    fig, axes = panel_grid(len(settings), rows=len(rows), height=2.1)
     ns, zeros, (xlabel, xlog, extra) = [], {}, x
     for (i, (ylabel, *row)), (j, setting) in itertools.product(enumerate(rows),
                                                                enumerate(settings)):
@@ -183,6 +196,7 @@ def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str,
     left = "; ".join(f"{arm}: 0 in {', '.join(sorted(r))}" for arm, r in zeros.items())
     return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}"
                         + ("; log rows: geometric mean" if any(r[3] for r in rows) else "")
+                        + style.seeds_note(fig)
                         + (f"\nleft out of the log rows, values of 0 (a log axis cannot show"
                            f" them): {left}" if left else ""))
 
@@ -281,9 +295,8 @@ def plot_heads(run, name: str):
 def head_panel(ax, run, row: tuple, where: tuple[int, int], T: Optional[int]) -> None:
     """A layer's panel: a line per head, uniform attention's entropy, the floor 1/T."""
     (key, _, log), (layer, n_head) = row, where
-    values = [v for h in range(n_head) for v in head_series(run, key, layer, h)[1]
-              if math.isfinite(v) and v > 0]
-    log = log and bool(values) and max(values) >= 10 * min(values)   # a decade, else linear
+    log = log and decade([v for h in range(n_head) for v in head_series(run, key, layer, h)[1]
+                          if math.isfinite(v)])
     for head in range(n_head):
         steps, values = head_series(run, key, layer, head)
         values = [v if not log or v > 0 else math.nan for v in values]
@@ -323,8 +336,9 @@ def init_cap(runs) -> float:
 
 
 def lr_curve(ax, frame: Frame, key: tuple, runs: list, reading: tuple) -> list[int]:
-    """One arm's mean clipped loss against LR (geometric on a log axis: style.aggregate), a
-    cross where a run failed; dodged sideways by its place among the panel's arms."""
+    """One arm's mean clipped loss against LR (geometric on a log axis: style.aggregate), its
+    seeds' where style.seeds_drawn, a cross where a run failed; dodged sideways by its place
+    among the panel's arms."""
     which, log, place = reading
     table = st.lr_table(runs, which)
     seeds = sorted({s for by_seed in table.values() for s in by_seed}, key=str)
@@ -337,58 +351,87 @@ def lr_curve(ax, frame: Frame, key: tuple, runs: list, reading: tuple) -> list[i
     yerr = np.nan_to_num([mean - np.clip(lo, 0.0, cap), np.clip(hi, 0.0, cap) - mean])
     bars = ax.errorbar(lrs, mean, yerr=yerr if yerr.any() else None, capsize=2,
                        label=frame.arms.name(key), **style.line_style(look))
+    at_lr = {lr: [r for r in runs if r.lr == lr] for lr in lrs}
+    shown = [(lr, v) for lr in lrs if style.seeds_drawn(at_lr[lr], log, which, frame.levels)
+             for _, v in sorted(table[lr].items(), key=lambda sv: style.seed_order(sv[0]))
+             if v > 0 or not log]
+    drawn = style.draw_seeds(ax, [tuple(zip(*shown))] if shown else [], look, True)
     bad = [i for i, lr in enumerate(lrs)
-           if any(st.failure(r, which, frame.levels) is not None for r in runs if r.lr == lr)]
+           if any(st.failure(r, which, frame.levels) is not None for r in at_lr[lr])]
     crosses = ax.plot(lrs[bad], mean[bad], style.FAILED, ms=9, color=look[0])
-    style.dodge(ax, place, [bars.lines[0], *bars.lines[1], *bars.lines[2], *crosses])
+    style.dodge(ax, place, [bars.lines[0], *bars.lines[1], *bars.lines[2], *crosses, *drawn])
     return [len(table[lr]) for lr in lrs]
 
 
-def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str):
-    """lr_transfer.png; None where every arm ran one LR (no curve to read)."""
+def control_apart(members: dict, which: str) -> list[dict]:
+    """A panel's arms, the controls (style.CONTROLS) in a panel of their own where they would
+    squeeze the others (style.within)."""
+    values = {k: [v for by_seed in st.lr_table(g, which).values() for v in by_seed.values()]
+              for k, g in members.items()}
+    controls = [k for k in members if dict(k)[VARIANT_KEY] in style.CONTROLS and values[k]]
+    others = [v for k, vs in values.items() if k not in controls for v in vs]
+    far = style.within(others, {k: values[k] for k in controls},
+                       decade([v for vs in values.values() for v in vs]))[1]
+    if not others or not far:
+        return [members]
+    return [{k: g for k, g in members.items() if k not in far}, {k: members[k] for k in far}]
+
+
+def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str, plan: st.Plan = st.Plan()):
+    """lr_transfer.png; None where every arm ran one LR (no curve to read). plan: where each LR
+    was chosen (the title says whether these seeds are held out)."""
     arms = group_runs(lr_runs, drop=(LR_KEY,))
     if all(len({r.lr for r in g}) < 2 for g in arms.values()):
         return None
-    fig, axes, settings = panel_grid(frame, arms, height=3.2)
+    panels = [(setting, part, i > 0) for setting in frame.arms.settings(arms)
+              for i, part in enumerate(control_apart(at(frame, arms, setting), which))]
+    fig, axes = panel_grid(len(panels), height=3.2)
     ns = []
-    for ax, setting in zip(axes.flat, settings):
-        members = at(frame, arms, setting)
+    for ax, (setting, members, apart) in zip(axes.flat, panels):
         ys = [v for g in members.values() for by_seed in st.lr_table(g, which).values()
               for v in by_seed.values() if v > 0]
-        log = bool(ys) and max(ys) >= 10 * min(ys)   # a decade or more
+        log = decade(ys)
         for i, (key, runs) in enumerate(members.items()):
             ns += lr_curve(ax, frame, key, runs, (which, log, (i, len(members))))
-        style.reference_lines(ax, style.levels_near({**(frame.levels or {}),
-                                                     **chance_loss(members)}, ys, log))
+        near, far = style.within(ys, {**(frame.levels or {}), **chance_loss(members)}, log)
+        style.reference_lines(ax, near)
         value_ticks(ax, sorted({r.lr for g in members.values() for r in g}))
-        ax.set(title=panel_title(setting), xlabel="learning rate",
-               yscale="log" if log else "linear",
+        control = f": {', '.join(map(frame.arms.name, members))}, the control" if apart else ""
+        ax.set(title=panel_title(setting) + control + style.edge_note(far, ys),
+               xlabel=style.LR_LABEL, yscale="log" if log else "linear",
                ylabel=f"{st.loss_name(which, lr_runs)}\n(clipped at the loss at init)")
         ax.title.set_fontsize(9)
         ax.yaxis.label.set_fontsize(9)
         ax.grid(alpha=0.3)
     geometric = "; log y: geometric mean" if any(
         ax.get_yscale() == "log" for ax in fig.axes) else ""
-    return style.finish(fig, "Final loss against learning rate, every seed of the sweep (the"
-                        f" seeds that choose each LR); {style.seeds_text(ns, 'point')}"
-                        f"{geometric} (bars cut at 0 and the loss at init);"
+    return style.finish(fig, f"Final loss against learning rate, every seed of the sweep"
+                        f" ({lr_seeds(plan, lr_runs)}); {style.seeds_text(ns, 'point')}"
+                        f"{geometric} (bars cut at 0 and the loss at init){style.seeds_note(fig)};"
                         f" {style.FAILED}: a run failed")
 
 
+def lr_seeds(plan: st.Plan, lr_runs: list[RunRecord]) -> str:
+    """What lr_transfer.png's title says of its seeds: whether they chose the LR."""
+    if plan.select_runs is not None:
+        return "each arm's LR chosen on an earlier stage's runs, these seeds held out"
+    if plan.leave_one_out:
+        return "the seeds that choose each LR, not held out"
+    return ("seeds " + ", ".join(sorted({str(r.seed) for r in lr_runs if plan.selects(r.seed)}))
+            + " choose each LR; the others held out")
+
+
 def lowest_seed(runs: list[RunRecord], lr: float) -> tuple[float, RunRecord]:
-    return lr, min((r for r in runs if r.lr == lr), key=lambda r: (len(str(r.seed)), str(r.seed)))
+    return lr, min((r for r in runs if r.lr == lr), key=lambda r: style.seed_order(r.seed))
 
 
 def edge_runs(runs: list[RunRecord], which: str, levels: Optional[dict]) -> list:
-    """(LR, lowest seed's run) at the highest stable and first failing LR (best and top)."""
+    """(LR, its lowest seed's run, dashes): solid at the highest LR at and below which no run
+    failed (the grid's top where none did), dashed at the lowest LR where one failed."""
     failed = [r for r in runs if st.failure(r, which, levels) is not None]
-    if not failed:
-        best, top = st.best_lr(st.lr_table(runs, which)), max(r.lr for r in runs)
-        return [lowest_seed(runs, lr) for lr in
-                ([best["lr"]] if best and best["lr"] != top else []) + [top]]
     safe = st.survives_up_to(runs, which, levels)
-    return ([] if safe is None else [lowest_seed(runs, safe)]) + [
-        lowest_seed(failed, min(r.lr for r in failed))]
+    return ([(*lowest_seed(runs, safe), EDGES[0][0])] if safe is not None else []) + (
+        [(*lowest_seed(failed, min(r.lr for r in failed)), EDGES[1][0])] if failed else [])
 
 
 def head_extreme(run: RunRecord, key: str, reduce) -> tuple[list, list]:
@@ -405,7 +448,8 @@ def head_extreme(run: RunRecord, key: str, reduce) -> tuple[list, list]:
 
 ROWS = (("max_logit", max, "max attention logit\n(every layer and head)", True),
         ("entropy_norm", min, "entropy / ln(keys),\nmost one-hot head", False))
-EDGES = ("-", "--")   # the stable (or best) LR's run, the failing (or top) LR's
+EDGES = (("-", "highest LR at and below which no run failed"),
+         ("--", "lowest LR at which a run failed"))   # one meaning each
 
 
 def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
@@ -421,7 +465,7 @@ def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
         look = frame.looks[frame.arms.name(key)]
         for i, (stat, reduce, ylabel, log) in enumerate(ROWS):
             ax = axes[i][j]
-            for k, ((lr, run), dashes) in enumerate(zip(picks, EDGES)):
+            for k, (lr, run, dashes) in enumerate(picks):
                 steps, values = head_extreme(run, stat, reduce)
                 values = [v if v > 0 or not log else math.nan for v in values]
                 ax.plot(steps, values, label=f"{frame.arms.name(key)}, lr {lr:g}", **{
@@ -432,15 +476,15 @@ def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
             ax.set_ylabel(ylabel if j == 0 else "", fontsize=9)
             ax.grid(alpha=0.3)
         axes[0][j].set_title(f"{frame.arms.name(key)}\nlr " + " / ".join(
-            f"{lr:g}" for lr, _ in picks), fontsize=8)
+            f"{lr:g}" for lr, *_ in picks), fontsize=8)
     return finish_stability(fig, frame, list(arms))
 
 
 def finish_stability(fig, frame: Frame, keys: list[tuple]):
     handles = [Line2D([], [], label=frame.arms.name(k), **style.line_style(
         frame.looks[frame.arms.name(k)])) for k in keys]
-    handles += [Line2D([], [], color="0.3", ls=d, label=text) for d, text in zip(EDGES, (
-        "highest stable LR (no failure: best LR)", "first failing LR (no failure: grid's top)"))]
-    return style.finish(fig, "Attention at high learning rates, each arm at two LRs (column"
-                        " titles): the lowest seed at the LR, at the failing LR its lowest seed"
-                        " that failed; one run per line, n = 1, no intervals", handles)
+    handles += [Line2D([], [], color="0.3", ls=d, label=text) for d, text in EDGES]
+    return style.finish(fig, "Attention at high learning rates, each arm at its highest stable LR"
+                        " and, where a run failed, its first failing LR (column titles): the"
+                        " lowest seed at the LR, at the failing LR its lowest seed that failed;"
+                        " one run per line, n = 1, no intervals", handles)

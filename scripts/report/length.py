@@ -140,7 +140,7 @@ def plot_lookup(frame, runs: list):
     """length_lookup.png: weight on the right key (and prediction), accuracy."""
     groups = {k: g for k, g in group_runs(runs).items() if columns(g, WEIGHT)}
     rows = [("weight on the right key\n(its best head)", lambda r: series(r, WEIGHT), SHARE, True),
-            ("accuracy", lambda r: series(r, "accuracy"), SHARE, False,
+            ("accuracy (fraction)", lambda r: series(r, "accuracy"), SHARE, False,
              {"chance": c} if (c := chance(groups)) else {})]
     frame = replace(frame, arms=length_arms(frame.arms))
     return stat_grid(frame, groups, rows, "Lookup past the training length, on the evaluation"

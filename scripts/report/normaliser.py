@@ -15,7 +15,7 @@ import numpy as np
 from model.config import NORMALISERS
 from scripts.report import stats as st
 from scripts.report import style
-from scripts.report.figures import SHARE, arm_label, at, chance_loss, init_cap, panel_title
+from scripts.report.figures import SHARE, arm_label, at, chance_loss, decade, init_cap, panel_title
 from scripts.report.runs import NORMALISER_KEY, VARIANT_KEY, group_runs, label, varying_keys
 from scripts.report.runs_csv import MASS
 from scripts.report.tables import RATIO_LIMIT, cell, family_line, layer_value, ratio_text
@@ -264,23 +264,26 @@ def positions(members: dict) -> tuple[dict, list[str]]:
     return x, order
 
 
-def arm_points(ax, frame, members: dict, y: tuple) -> list[int]:
-    """A point per arm, its mean over seeds with the 95% t interval (n >= 3) cut to `bounds`
-    (log: geometric); the n of each."""
-    value, bounds, log = y
-    x, order = positions(members)
+def arm_points(ax, frame, members: dict, y: tuple, place: tuple) -> list[int]:
+    """A point per arm at its place (positions), its mean over seeds with the 95% t interval
+    (n >= 3) cut to `bounds` (log: geometric) and its seeds' where style.seeds_drawn; the n of
+    each."""
+    (value, bounds, log), (x, order) = y, place
     ns = []
     for key in sorted(members, key=x.get):   # the legend in the order of the x axis
-        runs = members[key]
-        found = [v for r in runs if (v := value(r)) is not None and math.isfinite(v)]
-        if (agg := style.aggregate([([0], [v]) for v in found], log)) is None:
+        runs = [r for r in sorted(members[key], key=lambda r: style.seed_order(r.seed))
+                if (v := value(r)) is not None and math.isfinite(v)]
+        if (agg := style.aggregate([([0], [value(r)]) for r in runs], log)) is None:
             continue
         _, m, lo, hi = (np.asarray(a, float) for a in agg)
         yerr = np.nan_to_num([m - np.clip(lo, *bounds), np.clip(hi, *bounds) - m])
-        look = {**style.line_style(frame.looks[frame.arms.name(key)]), "ls": "none"}
+        look = frame.looks[frame.arms.name(key)]
         ax.errorbar([x[key]], m, yerr=yerr if yerr.any() else None, capsize=3,
-                    label=arm_label(frame, key, runs), **look)
-        ns.append(len(found))
+                    label=arm_label(frame, key, members[key]), **{**style.line_style(look),
+                                                                  "ls": "none"})
+        if style.seeds_drawn(runs, log, frame.which, frame.levels):
+            style.draw_seeds(ax, [([x[key]] * len(runs), [value(r) for r in runs])], look, True)
+        ns.append(len(runs))
     ax.set_xticks(range(len(order)), order)
     ax.set_xlim(-0.5, len(order) - 0.5)
     ax.set_yscale("log" if log else "linear")
@@ -301,23 +304,25 @@ def plot_normaliser(frame, groups: dict, which: str):
     ns, logs = [], []
     for (left, right), setting in zip(axes, settings):
         members = at(frame, groups, setting)
-        ns += mass_panel(left, frame, members)
-        logs.append(loss_panel(right, frame, members, which))
         where = "" if len(settings) == 1 else f", {panel_title(setting)}"
+        ns += mass_panel(left, frame, members, positions(members))
+        log, off = loss_panel(right, frame, members, which, positions(members))
+        logs.append(log)
         left.set_title(f"first token's weight at the end{where}", fontsize=9)
-        right.set_title(f"final loss{where}", fontsize=9)
+        right.set_title(f"final loss{where}{off}", fontsize=9)
     arms = {c.get_label(): c for ax in axes[:, 0] for c in ax.containers}
     levels = {line.get_label(): line for ax in fig.axes for line in ax.lines
               if style.reference(line, ax)}
     return style.finish(fig, "Each arm at the end of training by normaliser: where attention's"
                         f" mass goes and the loss{frame.seeds}\n{style.seeds_text(ns, 'arm')};"
-                        " failed runs left out" + ("; log y: geometric mean" if any(logs)
-                                                   else ""), (*arms.values(), *levels.values()))
+                        " failed runs left out" + ("; log y: geometric mean" if any(logs) else "")
+                        + style.seeds_note(fig),
+                        (*arms.values(), *levels.values()))
 
 
-def mass_panel(ax, frame, members: dict) -> list[int]:
+def mass_panel(ax, frame, members: dict, place: tuple) -> list[int]:
     """The first token's weight per arm, and the baseline's mean at step 0; each arm's n."""
-    ns = arm_points(ax, frame, members, (lambda r: stat(r, FIRST), SHARE, False))
+    ns = arm_points(ax, frame, members, (lambda r: stat(r, FIRST), SHARE, False), place)
     start = [stat(r, FIRST, 0) for k, g in members.items()
              if frame.arms.name(k) == frame.baseline for r in g]
     if start and None not in start:
@@ -326,14 +331,22 @@ def mass_panel(ax, frame, members: dict) -> list[int]:
     return ns
 
 
-def loss_panel(ax, frame, members: dict, which: str) -> bool:
-    """The final loss per arm (log y where 10x apart or more), the levels near it; log y?"""
+def loss_panel(ax, frame, members: dict, which: str, place: tuple) -> tuple[bool, str]:
+    """The final loss per arm (log y where 10x apart or more), the controls and reference levels
+    near it; log y?, and the lines of the panel's title that name, with their values, those that
+    would squeeze it (style.edge_note)."""
     runs = [r for g in members.values() for r in g]
-    losses = [v for r in runs if (v := st.final_loss(r, which)) is not None and v > 0]
-    log = bool(losses) and max(losses) >= 10 * min(losses)
-    arm_points(ax, frame, members, (lambda r: st.final_loss(r, which), (0.0, init_cap(runs)),
-                                    log))
-    style.reference_lines(ax, style.levels_near({**(frame.levels or {}), **chance_loss(members)},
-                                                losses, log))
+    loss = {k: [v for r in g if (v := st.final_loss(r, which)) is not None] for k, g in
+            members.items()}
+    controls = {frame.arms.name(k): loss[k] for k in members
+                if dict(k)[VARIANT_KEY] in style.CONTROLS and loss[k]}
+    compared = [v for k in members if frame.arms.name(k) not in controls for v in loss[k]]
+    log = decade([v for vs in loss.values() for v in vs])
+    bounds = (0.0, init_cap(runs))
+    near, far = style.within(compared, {**controls, **(frame.levels or {}),
+                                        **chance_loss(members)}, log)
+    arm_points(ax, frame, {k: g for k, g in members.items() if frame.arms.name(k) not in far},
+               (lambda r: st.final_loss(r, which), bounds, log), place)
+    style.reference_lines(ax, {k: v for k, v in near.items() if k not in controls})
     ax.set_ylabel(st.loss_name(which, runs), fontsize=9)
-    return log
+    return log, style.edge_note(far, compared)

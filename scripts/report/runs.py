@@ -7,6 +7,7 @@ runs read, minus the seed (the repeats); `scaling`, the score scale or "variant"
 import json
 import math
 import os
+import re
 import statistics
 from dataclasses import dataclass
 from functools import cached_property
@@ -260,9 +261,12 @@ def label(pairs, default: str = "", short: bool = False) -> str:
 
 
 def pair_text(key: str, value: Optional[str], short: bool = False) -> str:
-    """One setting as label writes it; a normaliser by its name alone ("sink"), which says it."""
+    """One setting as label writes it; a normaliser by its name alone ("sink"), which says it;
+    short: a number of 5 decimals or more to 4 significant digits (0.005946035575: 0.005946)."""
     if key == NORMALISER_KEY and value is not None:
         return value
+    if short and re.fullmatch(r"-?[0-9]*\.[0-9]{5,}", value or ""):   # a raw float: 4 digits
+        value = f"{float(value):.4g}"
     return f"{key.rsplit('.', 1)[-1] if short else key}={'default' if value is None else value}"
 
 

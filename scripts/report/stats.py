@@ -30,8 +30,8 @@ def subset_counts(runs: list[RunRecord]) -> list[tuple[int, int]]:
 def loss_name(which: str, runs: list[RunRecord]) -> str:
     """What a figure calls the loss `which` of these runs (a subset of the split says so)."""
     if which == "full" and subset_counts(runs):
-        return "final val loss on a fixed\nsubset of the val split"
-    return LOSSES[which][1]
+        return "final val loss on a fixed\nsubset of the val split (nats)"
+    return f"{LOSSES[which][1]} (nats)"
 
 
 @dataclass(frozen=True)

@@ -1,33 +1,41 @@
 """The figure contract of docs/report.md, written once: an arm's colour and marker, when a band
-is drawn and how far, what a title says of the seeds, how a figure is finished."""
+and the seeds are drawn, what shares a panel, what a title says of the seeds, how a figure is
+finished."""
 
-import itertools
 import math
+import re
 import textwrap
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-from matplotlib import colormaps
-from matplotlib.colors import to_hex
 from matplotlib.transforms import ScaledTranslation
 
-from model.config import SCALINGS
 from scripts.report import stats as st
 from scripts.report.runs import NORMALISER_KEY, VARIANT_KEY, pair_text, setting_order
 
-# Colour, marker and dashes: one per scale of SCALINGS, in its order; other arms (a scale with a
-# switch, say) take the next of EXTRA in the order of their names, then colours of tab20b: no
-# colour twice in a report.
-LOOKS = (("C0", "o", "-"), ("C1", "s", "--"), ("C2", "^", "-."), ("C3", "D", ":"),
-         ("C4", "v", (0, (6, 2))), ("C5", "P", (0, (3, 1, 1, 1))), ("C7", "8", (0, (1, 1))),
-         ("C6", "*", "-"), ("C9", "h", "--"), ("C8", "X", "-."), ("k", "d", ":"),
-         ("#98df8a", "p", "-"), ("#c5b0d5", "<", "--"), ("#ff9896", ">", "-."))
+# An arm's colour, marker and dashes are a fixed function of its name, the same in every figure.
+# The scales and the normaliser arms have their own (a normaliser's marker, its scale's dashes);
+# any other name (a new scale, a switch) takes a slot of POOL from a hash of the name, the next
+# free one where an arm of the same report took it: adding an arm changes no other's look.
+LOOKS = {"sqrt_dk": ("C0", "o", "-"), "none": ("C1", "s", "--"), "dk": ("C2", "^", "-."),
+         "constant": ("C3", "D", ":"), "learned": ("C4", "v", (0, (6, 2))),
+         "qk_norm": ("C5", "P", (0, (3, 1, 1, 1))), "uniform": ("C7", "8", (0, (1, 1))),
+         "sqrt_dk, softmax1": ("C8", "X", "-"), "none, softmax1": ("#637939", "X", "--"),
+         "sqrt_dk, sink": ("C9", "h", "-"), "none, sink": ("#393b79", "h", "--"),
+         "sqrt_dk, sigmoid": ("C6", "*", "-"), "none, sigmoid": ("#7b4173", "*", "--")}
+POOL = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "k",
+        "#843c39", "#5254a3", "#8ca252", "#ad494a", "#ce6dbd", "#6baed6", "#fd8d3c", "#9e9ac8",
+        "#c49c94", "#e7ba52", "#74c476", "#f781bf", "#a65628", "#6b6ecf")
+MARKERS = ("o", "s", "^", "D", "v", "P", "h", "X", "p", "<", ">", "d", "*", "H")
+DASHES = ("-", "--", "-.", ":", (0, (6, 2)), (0, (3, 1, 1, 1)))
 FAILED = "x"   # the mark over an LR where a run failed: no arm's marker, so it reads one way only
-SCALES = dict(zip(SCALINGS, LOOKS))
-EXTRA = LOOKS[len(SCALINGS):]
+CONTROLS = ("uniform",)   # scales drawn to compare with, never squeezing the arms compared
+LR_LABEL = "peak learning rate (optim.lr)"   # what an LR axis reads: the schedule's peak
 MIN_BAND_N = 3   # a band or bar is a 95% t interval of at least 3 seeds; t(0.975, 1) is 12.7
-LEVEL_STYLES = ((0, (1, 2)), (0, (4, 2)), (0, (2, 1, 1, 1)))
+LEVEL_STYLES = ((0, (1, 2)), (0, (4, 2)), (0, (2, 1, 1, 1)), (0, (8, 2)), (0, (1, 1)),
+                (0, (4, 1, 1, 1, 1, 1)))
 DODGE = 4.0   # points between the markers of neighbouring lines at one x
 # Switches whatever their most common value, each with the value that turns it off; a run
 # written before the key existed (None) has it off too: a normaliser sweep's lines read
@@ -36,11 +44,15 @@ OFF = {NORMALISER_KEY: "softmax"}
 
 
 def palette(arms) -> dict[str, tuple]:
-    others = sorted({a for a in arms if a not in SCALES})
-    more = [(to_hex(c), m, d) for c, (_, m, d) in zip(colormaps["tab20b"].colors,
-                                                        itertools.cycle(LOOKS))]
-    looks = {a: SCALES[a] for a in arms if a in SCALES}
-    looks.update(zip(others, [*EXTRA, *more]))
+    """Each arm's look: LOOKS's, else POOL's slot crc32(name) or the next free one (names in
+    sorted order); past POOL's end, its colours again with other markers."""
+    looks, taken = {a: LOOKS[a] for a in arms if a in LOOKS}, set()
+    for arm in sorted(set(arms) - set(looks)):
+        start, n = zlib.crc32(arm.encode()) % len(POOL), len(POOL)
+        i = next(i for i in [*((start + k) % n for k in range(n)), *range(n, n + len(arms))]
+                 if i not in taken)
+        taken.add(i)
+        looks[arm] = (POOL[i % n], MARKERS[(i + i // n) % len(MARKERS)], DASHES[i % len(DASHES)])
     return looks
 
 
@@ -108,18 +120,53 @@ def aggregate(series: list[tuple[list, list]], log: bool = False):
 
 
 def draw_mean(ax, agg, look: tuple, text: str, bounds=(-math.inf, math.inf),
-              place: tuple[int, int] = (0, 1)) -> None:
-    """A mean line and, where it has one, its band cut to the quantity's range `bounds`.
-    place: (this line's index, the lines in its panel), so that no marker hides another's."""
+              place: tuple[int, int] = (0, 1), seeds: tuple = ()) -> None:
+    """A mean line and, where it has one, its band cut to the quantity's range `bounds`, and
+    the seeds' (x, values) it is the mean of where given (seeds_drawn). place: (this line's
+    index, the lines in its panel), so that no marker hides another's."""
     steps, mean, lo, hi = agg
     i, n = place
     every = max(len(steps) // 6, n)   # a long line marks every k-th point (k >= n) from i
     line = ax.plot(steps, mean, label=text, markevery=(i, every), **line_style(look))
     band = [ax.fill_between(steps, np.clip(lo, *bounds), np.clip(hi, *bounds), color=look[0],
                             alpha=0.18, lw=0)] if np.isfinite(lo).any() else []
-    if len(steps) < 2 * every:   # a short one marks every point, its line moved sideways
+    short = len(steps) < 2 * every
+    drawn = draw_seeds(ax, seeds, look, short)
+    if short:   # a short one marks every point, its line moved sideways
         line[0].set_markevery(None)
-        dodge(ax, place, [*line, *band])
+        dodge(ax, place, [*line, *band, *drawn])
+
+
+def outcome(run, which: str, levels) -> tuple[bool, bool]:
+    """Whether a run failed and whether it solved the task (recall runs; else never)."""
+    return st.failure(run, which, levels) is not None, run.steps_to_90 is not None
+
+
+def seeds_drawn(runs: list, log: bool, which: str, levels) -> bool:
+    """Whether a mean of these runs is drawn with each seed's value: a mean of 2, or a geometric
+    mean of seeds that split between solving and failing (a mean that is neither's)."""
+    return len(runs) == 2 or (log and len({outcome(r, which, levels) for r in runs}) > 1)
+
+
+def seeds_note(fig) -> str:
+    """What a title says of the seeds drawn beside their means (draw_seeds), if any."""
+    seeds = [line for ax in fig.axes for line in ax.lines if line.get_label() == "_seed"]
+    how = "hollow markers" if any(s.get_marker() != "None" for s in seeds) else "thin lines"
+    return (f"; {how}: each seed, where a mean is of 2 or of seeds that split between solving"
+            " and failing") if seeds else ""
+
+
+def seed_order(seed) -> tuple:
+    """Seeds in numeric order (2 before 10), the order their values are drawn in."""
+    return len(str(seed)), str(seed)
+
+
+def draw_seeds(ax, series, look: tuple, short: bool) -> list:
+    """Each seed's (x, values): hollow markers beside a mean that marks every point (short),
+    else thin lines."""
+    how = ({"ls": "none", "marker": look[1], "mfc": "none", "ms": 3.5, "mew": 0.8} if short
+           else {"lw": 0.6, "alpha": 0.5})
+    return [a for xs, ys in series for a in ax.plot(xs, ys, color=look[0], label="_seed", **how)]
 
 
 def dodge(ax, place: tuple[int, int], artists) -> None:
@@ -141,10 +188,10 @@ def seeds_text(ns, what: str = "line") -> str:
     return f"mean of n = {span} seeds per {what}, 95% t interval where n >= {MIN_BAND_N}{small}"
 
 
-def reference_lines(ax, levels: dict, colour: str = "0.35") -> None:
-    for (name, value), dashes in zip(levels.items(), LEVEL_STYLES * 3):
-        ax.axhline(value, color=colour, lw=0.9, ls=dashes, label=f"{name} {value:.2f}",
-                   zorder=1)
+def reference_lines(ax, levels: dict) -> None:
+    """Levels across the panel, each name its own dashes in the figure (finish)."""
+    for name, value in levels.items():
+        ax.axhline(value, color="0.35", lw=0.9, label=f"{name} {value:.2f}", zorder=1)
 
 
 def reference(line, ax) -> bool:
@@ -158,23 +205,48 @@ def has_data(ax) -> bool:
                for line in ax.lines) or bool(ax.collections)
 
 
-def levels_near(levels: dict, values: list, log: bool) -> dict:
-    """The reference levels no farther from the data than the data's own span (on the axis's
-    scale): one far off would squeeze the data into a strip of the panel."""
+def within(values: list, others: dict, log: bool) -> tuple[dict, dict]:
+    """others (name -> value, or a (low, high) range: levels, controls) split into those that
+    may share a panel with `values`, nearest first while the values keep half its span (40% of
+    its height with the axis's margins), and those that may not: one far off would squeeze the
+    values into a strip of the panel."""
     at = (lambda v: math.log(v)) if log else (lambda v: v)
+    ends = {k: [at(x) for x in np.atleast_1d(v) if math.isfinite(x) and (x > 0 or not log)]
+            for k, v in others.items()}
     finite = [at(v) for v in values if math.isfinite(v) and (v > 0 or not log)]
-    if not finite:
-        return levels
-    lo, hi = min(finite), max(finite)
-    span = max(hi - lo, 1e-9 * abs(hi))
-    return {k: v for k, v in levels.items()
-            if (v > 0 or not log) and lo - span <= at(v) <= hi + span}
+    lo, hi = (min(finite), max(finite)) if finite else (math.inf, -math.inf)
+    span, near = hi - lo, {}
+    for name in sorted(others, key=lambda k: max([lo - e for e in ends[k]] + [
+            e - hi for e in ends[k]], default=math.inf)):
+        if ends[name] and max(hi, *ends[name]) - min(lo, *ends[name]) <= 2 * span:
+            near[name] = others[name]
+            lo, hi = min(lo, *ends[name]), max(hi, *ends[name])
+    return near, {k: v for k, v in others.items() if k not in near}
+
+
+def edge_note(far: dict, values: list) -> str:
+    """The levels and controls left off a panel (within), named with their values above or
+    below its axis: a line of the panel's title."""
+    top, sides = max(values, default=math.inf), {"above": [], "below": []}
+    for name, v in far.items():
+        low, high = (f"{x:#.3g}" for x in (np.min(v), np.max(v)))
+        sides["above" if float(low) > top else "below"].append(
+            f"{name} {low}" + (f" to {high}" if high != low else ""))
+    return "".join("\n" + textwrap.fill(f"{side} the axis: {', '.join(items)}", 56)
+                   for side, items in sides.items() if items)
 
 
 def finish(fig, title: str, handles: tuple = ()):
-    """Drops empty panels, puts one legend below them, writes the title."""
+    """Drops empty panels, gives each reference level's name its own dashes, puts one legend
+    below the panels, writes the title."""
     for ax in [ax for ax in fig.axes if not has_data(ax)]:
         fig.delaxes(ax)
+    names = {}
+    for ax, line in ((ax, line) for ax in fig.axes for line in ax.lines):
+        if reference(line, ax) and not line.get_label().startswith("_"):
+            i = names.setdefault(re.sub(r"[-\d.]+$", "", line.get_label()), len(names))
+            line.set(ls=LEVEL_STYLES[i % len(LEVEL_STYLES)],
+                     color=("0.35", "0.65")[i // len(LEVEL_STYLES) % 2])
     entries = {h.get_label(): h for h in handles}
     for handle, text in ((h, t) for ax in (fig.axes if not handles else ())
                          for h, t in zip(*ax.get_legend_handles_labels())):

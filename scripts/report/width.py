@@ -153,14 +153,14 @@ def plot_width(lr_runs: list[RunRecord], which: str):
         ax.set_ylim(min(found) / 2, max(found) * 2)
     axes[0][0].set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)",
                           fontsize=9)
-    axes[1][0].set_ylabel("optimal LR, one point per seed", fontsize=9)
+    axes[1][0].set_ylabel("optimal LR (optim.lr),\none point per seed", fontsize=9)
     ns = [len(s) for by_width in by_cell.values() for runs in by_width.values()
           for s in st.lr_table(runs, which).values()]
     return style.finish(fig, "Learning rate across width: top, mean loss per LR, a line per"
                         " width (dotted: its optimal LR); bottom, each seed's optimal LR"
                         " (parabola vertex in log2 LR; none where a seed's lowest loss is at"
                         f" the grid's edge) and the least-squares line through them;"
-                        f" {style.seeds_text(ns, 'point')}")
+                        f" {style.seeds_text(ns, 'point')}{style.seeds_note(fig)}")
 
 
 def width_curves(ax, by_width: dict, optima: dict, colours: dict, which: str) -> None:
@@ -168,13 +168,15 @@ def width_curves(ax, by_width: dict, optima: dict, colours: dict, which: str) ->
         table = st.lr_table(runs, which)
         means = {lr: st.mean_interval(list(s.values())) for lr, s in table.items()}
         lrs = [lr for lr, m in means.items() if m is not None]
+        seeds = [(lr, v) for lr in lrs if len(table[lr]) == 2 for v in table[lr].values()]
         style.dodge(ax, (i, len(by_width)), ax.plot(
             lrs, [means[lr].mean for lr in lrs], marker=".", color=colours[w],
-            label=f"d_model={w}"))
+            label=f"d_model={w}") + style.draw_seeds(ax, [tuple(zip(*seeds))] if seeds else [],
+                                                    (colours[w], "o"), True))
         found = [v for v in optima[w].values() if v is not None]
         if found:
             ax.axvline(2 ** (sum(found) / len(found)), color=colours[w], lw=0.8, ls=":")
-    ax.set(xscale="log", xlabel="learning rate")
+    ax.set(xscale="log", xlabel=style.LR_LABEL)
     ax.grid(alpha=0.3, which="both")
 
 

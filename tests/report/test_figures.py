@@ -179,6 +179,6 @@ def test_a_title_wraps_at_whole_words_and_fits_the_figure():
 def test_no_arm_is_drawn_with_the_failed_runs_mark():
     """lr_transfer.png marks an LR where a run failed with style.FAILED; an arm drawn with the
     same marker (uniform was 'x') would read as failed runs."""
-    arms = [f"arm {i}" for i in range(40)]   # past LOOKS into the tab20b colours
-    looks = style.palette([*style.SCALES, *arms])
+    arms = [f"arm {i}" for i in range(40)]   # past the end of POOL
+    looks = style.palette([*style.LOOKS, *arms])
     assert all(look[1] != style.FAILED for look in looks.values())

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -391,8 +392,9 @@ def test_an_arm_is_a_scale_and_the_switches_it_turns_on():
     assert [arms.name(k) for k in keys] == ["sqrt_dk", "sqrt_dk", "none", "sqrt_dk, softcap=50"]
     assert arms.settings(keys) == [(("model.d_head", "16"),), (("model.d_head", "64"),)]
     looks = arms.looks(keys)
-    assert looks["sqrt_dk"] == style.SCALES["sqrt_dk"] and looks["none"] == style.SCALES["none"]
-    assert looks["sqrt_dk, softcap=50"] == style.EXTRA[0]
+    assert looks["sqrt_dk"] == style.LOOKS["sqrt_dk"] and looks["none"] == style.LOOKS["none"]
+    assert looks["sqrt_dk, softcap=50"] == style.palette(["sqrt_dk, softcap=50"])[
+        "sqrt_dk, softcap=50"]   # a look of its own name, whatever else is drawn
 
 
 def test_a_normaliser_is_a_switch_off_at_softmax_whatever_the_most_common():
@@ -408,10 +410,27 @@ def test_a_normaliser_is_a_switch_off_at_softmax_whatever_the_most_common():
 
 
 def test_the_palette_gives_no_colour_twice():
-    """Every scale and twenty other arms (a scale with a switch): twenty-seven colours."""
-    names = [*style.SCALES, *(f"sqrt_dk, softcap={c}" for c in range(20))]
+    """Every fixed look and as many other arms (a scale with a switch) as the pool has
+    colours: no colour twice."""
+    names = [*style.LOOKS, *(f"sqrt_dk, softcap={c}" for c in range(len(style.POOL)))]
     colours = [to_hex(look[0]) for look in style.palette(names).values()]
     assert len(set(colours)) == len(names)
+
+
+def test_an_arms_look_is_a_function_of_its_name_alone():
+    """Adding an arm, or drawing fewer, changes no other arm's look; a collision in the pool is
+    resolved by name order (the later name takes the next free slot)."""
+    names = ["sqrt_dk, softcap=50", "none, qk_clip=50", "sqrt_dk, z_loss=0.0001", "dk"]
+    alone = {name: style.palette([name])[name] for name in names}
+    assert style.palette(names) == alone
+    assert style.palette([*names, "a_new_scale", "sqrt_dk, a_new_normaliser"]).items() >= (
+        alone.items())
+    slot = zlib.crc32(b"sqrt_dk, softcap=50") % len(style.POOL)
+    twin = next(f"arm {i}" for i in itertools.count()
+                if zlib.crc32(f"arm {i}".encode()) % len(style.POOL) == slot)
+    looks = style.palette(["sqrt_dk, softcap=50", twin])
+    assert looks[twin] == alone["sqrt_dk, softcap=50"]   # "arm ..." sorts first: its slot
+    assert looks["sqrt_dk, softcap=50"][0] == style.POOL[(slot + 1) % len(style.POOL)]
 
 
 def test_sampled_loss_on_request_and_bad_input(tmp_path, capsys, tables_only):

@@ -239,7 +239,7 @@ class Counts:
 
 def test_the_figures_name_a_whole_split_loss_on_a_subset_for_what_it_is():
     subset = st.loss_name("full", [Counts(542416, 542416), Counts(131072, 542416)])
-    assert subset == "final val loss on a fixed\nsubset of the val split"
+    assert subset == "final val loss on a fixed\nsubset of the val split (nats)"
     for runs in ([Counts(542416, 542416)], [Counts(None, None)]):
-        assert st.loss_name("full", runs) == "whole-split final val loss"
-    assert st.loss_name("sampled", [Counts(131072, 542416)]) == "sampled final val loss"
+        assert st.loss_name("full", runs) == "whole-split final val loss (nats)"
+    assert st.loss_name("sampled", [Counts(131072, 542416)]) == "sampled final val loss (nats)"

@@ -41,13 +41,13 @@ def test_each_arm_is_named_by_its_scale_and_the_bound_it_adds(arms):
 
 
 def test_edge_runs_are_the_highest_stable_and_the_first_failing_lr(arms):
-    picked = {name: [(lr, run.lr, run.seed) for lr, run in edge_runs(runs, "full", None)]
-              for name, runs in arms.items()}
-    assert picked["sqrt_dk"] == [(1e-2, 1e-2, "1"), (1e-1, 1e-1, "1")]   # stable, failing
+    picked = {name: [(lr, run.lr, run.seed, dashes) for lr, run, dashes
+                     in edge_runs(runs, "full", None)] for name, runs in arms.items()}
+    assert picked["sqrt_dk"] == [(1e-2, 1e-2, "1", "-"), (1e-1, 1e-1, "1", "--")]
     # none fails at 1e-2 on seed 2 only: that run, not seed 1's, which did not fail
-    assert picked["none"] == [(1e-3, 1e-3, "1"), (1e-2, 1e-2, "2")]
-    # no run of the soft-capped arm failed: its best LR and the top of its grid
-    assert picked["sqrt_dk, softcap=50"] == [(1e-2, 1e-2, "1"), (1e-1, 1e-1, "1")]
+    assert picked["none"] == [(1e-3, 1e-3, "1", "-"), (1e-2, 1e-2, "2", "--")]
+    # no run of the soft-capped arm failed: the top of its grid, solid (its highest stable LR)
+    assert picked["sqrt_dk, softcap=50"] == [(1e-1, 1e-1, "1", "-")]
     assert st.survives_up_to(arms["none"], "full", None) == 1e-3
 
 
@@ -66,7 +66,7 @@ def test_head_extremes_are_the_max_logit_and_the_least_entropy_over_layers_and_h
 
 def test_the_figures_draw_each_arms_curve_and_its_edge_runs(sweep):
     runs, _ = load_runs([sweep])
-    top = plot_lr(frame(runs), runs, "full").axes[0]   # loss against LR, an arm a line
+    top = plot_lr(frame(runs), runs, "full", st.Plan()).axes[0]   # loss against LR
     crosses = [line for line in top.lines if line.get_marker() == "x"]
     assert [list(line.get_xdata()) for line in crosses] == [[1e-1], [], [1e-2, 1e-1]]
     fig = plot_stability(frame(runs), runs, "full")
@@ -78,7 +78,7 @@ def test_the_figures_draw_each_arms_curve_and_its_edge_runs(sweep):
     assert lines[1].get_ydata()[-1] == pytest.approx(
         stability_head_value("max_logit", 1e-2, 2, (2, 1, 1)))
     assert panels["none"].get_yscale() == "log"
-    assert panels["sqrt_dk, softcap=50"].get_title() == "sqrt_dk, softcap=50\nlr 0.01 / 0.1"
+    assert panels["sqrt_dk, softcap=50"].get_title() == "sqrt_dk, softcap=50\nlr 0.1"
     assert [t.get_text() for t in fig.legends[0].get_texts()][:3] == [
         "sqrt_dk", "sqrt_dk, softcap=50", "none"]
     without = [r for r in runs if r.lr >= 1e-2]
