@@ -96,6 +96,10 @@ BAD = [("scaling=bogus", "config group `scaling` needs one of its options"),
        ("model.n_head=abc", "n_head"), ("model.n_heads=2", "n_heads"),
        ("model.n_head=3", "model."),
        ("trainer.diagnostics=2", "error: trainer.diagnostics=2 is not valid: use true or false"),
+       ("+model.normaliser=sink", "error: +model.normaliser=sink: `model` has no key "
+        "`normaliser` (`+` adds a key that the run cannot use); use normaliser=sink or "
+        "scaling.normaliser=sink."),
+       ("normaliser=[sink,sigmoid]", "sweep with -m: python train.py -m normaliser=sink,sigmoid."),
        ("model.pos=nope trainer.eval_lengths=[4096]", "error: trainer.eval_lengths=[4096]: the "
         "validation split has 2,")]
 LOGGERS = ("tensorboard", "wandb")
@@ -128,7 +132,8 @@ def refused(tmp_path_factory) -> tuple[Path, dict]:
                                             "--prompt", "a pale moon", "--max_new_tokens", "12"],
                       [])
     for option, value, _ in BAD_SAMPLING:
-        runs[option] = ("scripts/sample.py", [str(folder / "trained"), option, value], [])
+        runs[f"{option} {value}"] = ("scripts/sample.py", [str(folder / "trained"), option,
+                                                          value], [])
     for name in LOGGERS:   # the package hidden from the import system
         runs[name] = ("train.py", [f"logger={name}", f"hydra.run.dir={folder}/{name}"], [name])
     return folder, dict(zip(runs, run_scripts(list(runs.values()))))
@@ -205,6 +210,9 @@ ABSENT = next(d for d in ("cuda", "mps") if not (torch.cuda.is_available() if d 
 BAD_SAMPLING = [
     ("--temperature", "nan", "error: temperature=nan must be >= 0 and finite: 0 means greedy, "
      "e.g. 0.8 samples."),
+    ("--temperature", "1e-40", "error: temperature=1e-40 is below 1e-06, where a sample follows "
+     "the rounding of the logits or overflows them: use 0 (greedy) or a temperature of at least "
+     "1e-06, e.g. 0.8."),
     ("--max_new_tokens", "-1", "error: max_new_tokens=-1 must be an integer >= 0, the number of "
      "tokens to generate."),
     ("--device", ABSENT, f"error: --device={ABSENT} is not available on this machine; use "
@@ -214,7 +222,7 @@ BAD_SAMPLING = [
 @pytest.mark.parametrize("option, value, says", BAD_SAMPLING)
 def test_sample_script_refuses_a_bad_option_in_one_line(refused, option, value, says):
     folder, results = refused
-    result = results[option]
+    result = results[f"{option} {value}"]
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [says]   # no traceback
 
