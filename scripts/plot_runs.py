@@ -101,6 +101,17 @@ def figure_names(text: str) -> list[str]:
     return names
 
 
+def label_text(text: str) -> str:
+    """--label KEY=VALUE:WORDS, checked for its two parts; the value as runs.csv writes it."""
+    pair, _, words = text.partition(":")
+    key, _, value = pair.partition("=")
+    if not key or not value or not words.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE:WORDS; e.g. --label 'optim.qk_lr_mult=0.25:W_q, W_k LR"
+            " x d_head^-1/4'")
+    return f"{key}={canonical(value)}:{words.strip()}"
+
+
 def parse_pairs(items: list[str], groups: dict) -> tuple[list[tuple], str]:
     """--pair KEY=VALUE items as (key, canonical value) pairs, or why one is unusable."""
     values: dict[str, set] = {}
@@ -295,6 +306,9 @@ def command_line() -> argparse.ArgumentParser:
                         help="also pair every group with the reference group of this whole"
                         " setting at the same other keys, e.g. scaling=sqrt_dk,"
                         "model.qk_init_std=null (repeatable; one Holm family each)")
+    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE:WORDS",
+                        type=label_text, help="the words a figure names an arm's KEY=VALUE by"
+                        " (repeatable): --label 'model.qk_init_std=0.0084:W_q, W_k init moved'")
     parser.add_argument("--one-control", action="store_true",
                         help="the baseline scale and every --pair value are one control: each"
                         " group that differs from it in one of these keys is paired with it,"
@@ -380,7 +394,8 @@ def draw_figures(args, runs: list, lr_runs: list, reading) -> tuple[list[str], l
                             else (group_runs(runs), f"; {seeds_of(runs)}", []))
     keys = group_runs(runs, drop=(LR_KEY,))
     # one palette for the arms of every figure; --against's keys and the length factor name arms
-    arms = length_arms(Arms.of(keys, {k for setting in reading.against for k, _ in setting}))
+    arms = length_arms(Arms.of(keys, {k for setting in reading.against for k, _ in setting},
+                               dict(label.split(":", 1) for label in args.label)))
     frame = Frame(arms, arms.looks(keys), seeds, reading.levels, args.baseline, reading.which)
     records = all(map(has_curves, runs))
     if not records:

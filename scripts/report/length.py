@@ -127,7 +127,7 @@ def text_section(groups: dict) -> list[str]:
 
 def length_arms(arms: style.Arms) -> style.Arms:
     """The report's arms with the length factor as a switch: a line per factor, each named."""
-    return style.Arms({**arms.switches, LENGTH_KEY: None})
+    return style.Arms({**arms.switches, LENGTH_KEY: None}, arms.labels)
 
 
 def series(run, field: str, get=value) -> tuple[list, list]:

@@ -7,7 +7,7 @@ import re
 import textwrap
 import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from matplotlib.transforms import ScaledTranslation
@@ -64,23 +64,24 @@ class Arms:
     not at its most common value (OFF's: not off), a normaliser by its name ("none, sigmoid")."""
 
     switches: dict   # key -> its most common value (OFF's: its value when off)
+    labels: dict = field(default_factory=dict)   # "key=value" -> its words (--label)
 
     @classmethod
-    def of(cls, keys, compared=()) -> "Arms":
+    def of(cls, keys, compared=(), labels=None) -> "Arms":
         """compared: keys that are switches whatever their values (--against's)."""
         names = {k for key in keys for k, _ in key[1:]}
         common = {k: Counter(dict(key).get(k) for key in keys).most_common(1)[0][0]
                   for k in names}
         return cls({**{k: v for k, v in common.items()
                        if (k in compared if compared else v in (None, "0"))},
-                    **{k: v for k, v in OFF.items() if k in names}})
+                    **{k: v for k, v in OFF.items() if k in names}}, labels or {})
 
     def on(self, k: str, v) -> bool:
         """Whether switch k is on at value v (not its most common value; OFF's: not off)."""
         return v not in (self.switches[k], None) if k in OFF else v != self.switches[k]
 
     def name(self, key: tuple) -> str:
-        on = [pair_text(k, v, short=True) for k, v in key[1:]
+        on = [self.labels.get(f"{k}={v}") or pair_text(k, v, short=True) for k, v in key[1:]
               if k in self.switches and self.on(k, v)]
         return ", ".join([dict(key)[VARIANT_KEY], *on])
 

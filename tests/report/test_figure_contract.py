@@ -653,13 +653,18 @@ def arms_not_drawn(fig, key: str, name: str) -> list[str]:
 
 
 def arms_unnamed(fig, key: str, name: str) -> list[str]:
-    """The figure's line labels tell apart every arm its runs compare (compared): the one
-    legend of the figure names each arm once, and a label stands for one arm."""
+    """The figure's line labels tell apart every arm its runs compare (compared) in a setting
+    (a panel): the one legend of the figure names each arm once, and a label stands for one
+    arm there (--label may give one arm's values at two widths the same words)."""
     names = {arm for ax in fig.axes for text, _ in labelled(ax) if (arm := arm_of(text))}
     keys = compared(key)
-    arms = {tuple(r[c] for c in keys) for r in drawn_rows(fig, key, name)}
-    return [] if not names or len(names) >= len(arms) else [
-        f"{len(names)} arm labels ({sorted(names)}) for the {len(arms)} arms of {keys}"]
+    rest = [c for c in settings(key) if c not in (*keys, "trainer.seed", "optim.lr")]
+    arms = {}
+    for r in drawn_rows(fig, key, name):
+        arms.setdefault(tuple(r[c] for c in rest), set()).add(tuple(r[c] for c in keys))
+    most = max(map(len, arms.values()), default=0)
+    return [] if not names or len(names) >= most else [
+        f"{len(names)} arm labels ({sorted(names)}) for the {most} arms of {keys} in a setting"]
 
 
 def claims(fig) -> list[str]:

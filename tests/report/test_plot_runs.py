@@ -840,3 +840,22 @@ def test_losses_many_times_apart_read_the_paired_test_of_log_loss(tmp_path, tabl
                         f" {math.exp(mean + half):.4g})")
     assert float(ratio[4]) == pytest.approx(ttest_rel(logs, [0, 0, 0]).pvalue, rel=5e-3)
     assert ratio[6] == "higher than sqrt_dk"
+
+
+def test_label_names_an_arm_by_words_at_each_of_its_values(capsys):
+    """--label KEY=VALUE:WORDS: an arm's value in words, the value read as runs.csv writes it
+    (10 significant digits), so one arm's values at two widths may share its name and look; a
+    label without its words is refused with the form it wants (exit 2)."""
+    from scripts.plot_runs import label_text
+    keys = [(("scaling", "none"), ("model.qk_init_std", v), ("model.n_head", n))
+            for v, n in ((None, "4"), ("0.008408964153", "4"), (None, "1"),
+                         ("0.005946035575", "1"))]
+    labels = dict(label_text(t).split(":", 1) for t in (
+        "model.qk_init_std=0.008408964152537146:W_q, W_k init x d_head^-1/4",
+        "model.qk_init_std=0.005946035575013605:W_q, W_k init x d_head^-1/4"))
+    arms = style.Arms.of(keys, {"model.qk_init_std"}, labels)
+    assert [arms.name(k) for k in keys] == ["none", "none, W_q, W_k init x d_head^-1/4"] * 2
+    assert len({arms.looks(keys)[arms.name(k)] for k in keys}) == 2
+    with pytest.raises(SystemExit) as stop:
+        report_in_process("--out", "x", "--label", "model.qk_init_std=0.01")
+    assert stop.value.code == 2 and "KEY=VALUE:WORDS" in capsys.readouterr().err
