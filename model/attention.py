@@ -2,13 +2,15 @@
 
     Attention(Q, K, V) = softmax(Q K^T * s + M) V
 
-`s` is the score scale (MultiHeadAttention.scale), a function of the per-head width d_head, never
-d_model: SCALES[scaling.name](d_head, scaling) (model/config.py holds every formula,
-docs/scaling.md explains them); `learned` learns one log-scale per head instead. `M` is the
+`s` is the score scale (MultiHeadAttention.scale), a function of the per-head width d_head, not
+d_model (`sqrt_dmodel` is that bug): SCALES[scaling.name](d_head, scaling, d_model) (model/config.py
+holds every formula, docs/scaling.md explains them); `learned` learns one per head. `M` is the
 additive mask: 0 where a key may be attended, -inf where not (build_mask). `explicit` computes
 the equation line by line and keeps the weights; `sdpa` hands the same q, k, v, s and M to
 F.scaled_dot_product_attention; forward picks one with a single `if`, and tests hold the two
 equal. Optional soft-cap (Gemma 2): logits <- c * tanh(logits / c), after the scale.
+scaling.qk_norm normalises each head's q and k before any scale (and before RoPE); model.attn_gate
+multiplies each head's output by sigmoid(x W_g) before the output projection (Qiu et al. 2025).
 scaling.normaliser swaps softmax for NORMALISERS[name] (model/config.py; docs/scaling.md, section
 12): softmax1 and sink add a logit b per head (0; learned) to the denominator, never scaled (SDPA
 gets it as a zero key whose mask column is b); sigmoid weighs each key alone (explicit only).
@@ -115,7 +117,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()   # config validated itself when built (model/config.py)
         d_model, n_head, d_head = config.d_model, config.n_head, config.d_head
         scaling, bias = config.scaling, config.bias
-        self.n_head, self.d_head, self.scaling = n_head, d_head, scaling
+        self.n_head, self.d_head, self.d_model, self.scaling = n_head, d_head, d_model, scaling
         self.dropout, self.attn_impl = config.dropout, config.attn_impl
         # W_q, W_k, W_v: separate matrices, so an optimizer group can hold W_q and W_k apart
         # (optim.qk_lr_mult; under Adam a constant s is their init and LR: docs/scaling.md)
@@ -126,12 +128,17 @@ class MultiHeadAttention(nn.Module):
         if scaling.name == "learned":  # per-head, in log space to stay positive
             start = math.log(SCALES["learned"](d_head, scaling))
             self.log_scale = nn.Parameter(torch.full((n_head,), start))
-        if scaling.name == "qk_norm":  # each head's q and k over D, with a learnable gain
-            norm = partial(nn.LayerNorm, bias=False) if scaling.norm == "layernorm" else nn.RMSNorm
-            self.q_norm, self.k_norm = norm(d_head, eps=1e-5), norm(d_head, eps=1e-5)
+        self.q_norm = self.k_norm = self.gate = self.rope = self.length = None  # built if named
+        norm = scaling.norm if scaling.name == "qk_norm" else scaling.qk_norm  # qk_norm: sqrt_dk
+        if norm != "none":  # each head's q and k over D with a gain (qk_norm_gain), before RoPE
+            norm = partial(nn.LayerNorm, bias=False) if norm == "layernorm" else nn.RMSNorm
+            norm = partial(norm, d_head, eps=1e-5, elementwise_affine=scaling.qk_norm_gain)
+            self.q_norm, self.k_norm = norm(), norm()
+        if config.attn_gate != "none":  # W_g: a logit per head, or per head and coordinate
+            width = n_head * (d_head if config.attn_gate == "elementwise" else 1)
+            self.gate = nn.Linear(d_model, width, bias=bias)
         if scaling.normaliser == "sink":  # b, one logit per head: 0 at the start (softmax1)
             self.sink = nn.Parameter(torch.zeros(n_head))
-        self.rope = self.length = None  # each built below only when a config names it
         if config.pos == "rope":
             from model.rope import Rotary
             self.rope = Rotary(d_head, config.rope_base)
@@ -145,7 +152,7 @@ class MultiHeadAttention(nn.Module):
             return self.log_scale.exp().view(self.n_head, 1, 1)  # (H, 1, 1)
         # uniform: every logit is 0, so softmax over the allowed keys is 1/(number allowed): the
         # masks and the fully-masked-row policy apply unchanged, and q, k get zero gradient
-        return SCALES[self.scaling.name](self.d_head, self.scaling)
+        return SCALES[self.scaling.name](self.d_head, self.scaling, self.d_model)
 
     def sink_logit(self, like: Tensor) -> Tensor:
         """b (H, 1, 1), the extra logit of softmax1 (0) and sink (learned); never scaled."""
@@ -167,23 +174,26 @@ class MultiHeadAttention(nn.Module):
             y = self.sdpa(q, k, v, causal, mask)  # 3. by one fused kernel
         else:
             y = self.explicit(q, k, v, mask)[0]  # 3. softmax(Q K^T * s + M) V, step by step
-        return self.merge_heads(y)  # 4. (B, H, T, D) -> (B, T, C)
+        return self.merge_heads(y, x)  # 4. (B, H, T, D) -> (B, T, C)
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) -> q, k, v, each (B, H, T, D): Q = x W_q, K = x W_k, V = x W_v, split
-        into heads, then (qk_norm) the norms, then (model.pos=rope) q and k turned."""
+        into heads, then (scaling.qk_norm) the norms, then (model.pos=rope) q and k turned."""
         B, T, _ = x.shape
         H, D = self.n_head, self.d_head
         q, k, v = (proj(x).view(B, T, H, D)  # (B, T, C) @ (C, HD) -> (B, T, H, D)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
-        if self.scaling.name == "qk_norm":
+        if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # normalised over D
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         return (q, k, v) if self.rope is None else (*self.rope(q, k), v)  # RoPE turns q and k
 
-    def merge_heads(self, y: Tensor) -> Tensor:
-        """y (B, H, T, D) -> (B, T, C): the mirror of split_heads, then the output projection."""
+    def merge_heads(self, y: Tensor, x: Tensor) -> Tensor:
+        """y (B, H, T, D) -> (B, T, C): (model.attn_gate) each head's output times sigmoid(x W_g)
+        of the layer's input x (Qiu et al. 2025), the mirror of split_heads, the projection."""
         B, H, T, D = y.shape
+        if self.gate is not None:  # (B, T, C) @ (C, H|HD) -> (B, H, T, 1|D)
+            y = y * self.gate(x).view(B, T, H, -1).transpose(1, 2).sigmoid()
         return self.proj(y.transpose(1, 2).reshape(B, T, H * D))  # (B, T, HD) -> (B, T, C)
 
     def explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Mask]):

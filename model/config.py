@@ -20,32 +20,34 @@ SATURATION_THRESHOLD = 0.99  # an attention row is "saturated" when its largest 
 
 
 class Scale(NamedTuple):
-    """A score scale: its formula s(d, c) of the head width d and the ScalingConfig c (a row is
-    called as its formula), and the narrowest head it is defined for, which GPTConfig checks."""
+    """A score scale: its formula s(d, c, C) of the head width d, the ScalingConfig c and the
+    model width C (a row is called as its formula), and the narrowest head it is defined for."""
 
-    formula: Callable[[int, "ScalingConfig"], float]
+    formula: Callable[[int, "ScalingConfig", Optional[int]], float]
     min_d_head: int = 1
 
-    def __call__(self, d: int, c: "ScalingConfig") -> float:
-        return self.formula(d, c)
+    def __call__(self, d: int, c: "ScalingConfig", C: Optional[int] = None) -> float:
+        return self.formula(d, c, C)
 
 
 # The score scales, the one place each is defined. `learned` starts at this value and learns one
-# log-scale per head; `qk_norm` normalises q and k first (over one coordinate a norm leaves 0 or
-# a sign, hence its min_d_head). Adding a scale: docs/scaling.md, "Adding a scale".
+# log-scale per head; `qk_norm` is sqrt_dk after scaling.norm with a gain (over one coordinate a
+# norm leaves 0 or a sign, hence its min_d_head). Adding a scale: docs/scaling.md.
 SCALES = {
-    "sqrt_dk": Scale(lambda d, c: 1 / math.sqrt(d)),   # Vaswani et al. 2017, sec. 3.2.1
-    "none": Scale(lambda d, c: 1.0),                   # the ablation
-    "dk": Scale(lambda d, c: c.attn_mult / d),         # muP (Yang et al. 2022); attn_mult: param
-    "constant": Scale(lambda d, c: 1 / c.divisor),     # one divisor whatever the width
-    "learned": Scale(lambda d, c: 1 / math.sqrt(d)),   # a temperature per head (cf. Swin v2)
-    "qk_norm": Scale(lambda d, c: 1 / math.sqrt(d), min_d_head=2),   # LN(q).LN(k) (Dehghani 2023)
-    "uniform": Scale(lambda d, c: 0.0),                # the control: what selectivity buys
+    "sqrt_dk": Scale(lambda d, c, C: 1 / math.sqrt(d)),   # Vaswani et al. 2017, sec. 3.2.1
+    "none": Scale(lambda d, c, C: 1.0),                   # the ablation
+    "dk": Scale(lambda d, c, C: c.attn_mult / d),         # muP (Yang et al. 2022); attn_mult: param
+    "constant": Scale(lambda d, c, C: 1 / c.divisor),     # one divisor whatever the width
+    "learned": Scale(lambda d, c, C: 1 / math.sqrt(d)),   # a temperature per head (cf. Swin v2)
+    "qk_norm": Scale(lambda d, c, C: 1 / math.sqrt(d), min_d_head=2),   # Dehghani et al. 2023
+    "uniform": Scale(lambda d, c, C: 0.0),                # the control: what selectivity buys
+    "sqrt_dmodel": Scale(lambda d, c, C: 1 / math.sqrt(C)),   # the bug: sqrt_dk / sqrt(n_head)
 }
 SCALINGS = tuple(SCALES)
 LENGTHS = ("fixed", "log_n", "log_n_eval", "ssmax")   # scaling.length: model/length.py
 POSITIONS = ("learned", "rope", "nope")   # model.pos: an embedding table, model/rope.py, none
-QK_NORMS = ("layernorm", "rmsnorm")
+QK_NORMS = ("none", "layernorm", "rmsnorm")   # scaling.qk_norm; [1:]: scaling.norm
+ATTN_GATES = ("none", "headwise", "elementwise")   # model.attn_gate: sigmoid(x W_g) per head
 PARAMS = ("sp", "mup")
 ATTN_IMPLS = ("auto", "explicit", "sdpa")
 
@@ -73,7 +75,9 @@ class ScalingConfig:
 
     name: str = "sqrt_dk"
     divisor: float = 8.0  # `constant`: logits = q.k / divisor whatever d_head
-    norm: str = "layernorm"  # `qk_norm`: "layernorm" | "rmsnorm"
+    norm: str = "layernorm"  # the `qk_norm` scale's norm: "layernorm" | "rmsnorm"
+    qk_norm: str = "none"  # a norm on each head's q and k before any scale: none | QK_NORMS
+    qk_norm_gain: bool = True  # that norm's learnable gain (false: parameter-free)
     softcap: Optional[float] = None  # soft-cap c*tanh(logits/c), after the scale, before the mask
     # `dk`: s = attn_mult / d_head; null: set by param (GPTConfig; docs/scaling.md, section 9)
     attn_mult: Optional[float] = None
@@ -82,12 +86,21 @@ class ScalingConfig:
     normaliser: str = "softmax"  # the weights of the logits (NORMALISERS above)
 
     def __post_init__(self):
+        check_bools("scaling", self)
+        legacy = ("scaling=qk_norm is sqrt_dk after scaling.norm with a gain, as its studies ran; "
+                  "another norm goes with a scale: scaling=sqrt_dk scaling.qk_norm=rmsnorm")
         refuse("scaling", (
             ("name", self.name, self.name in SCALINGS,
              f"choose one of {', '.join(SCALINGS)} (e.g. scaling=sqrt_dk)."),
             ("divisor", self.divisor, is_positive_number(self.divisor),
              "use a positive finite number (the `constant` scale's divisor)."),
-            ("norm", self.norm, self.norm in QK_NORMS, f"choose one of {', '.join(QK_NORMS)}."),
+            ("norm", self.norm, self.norm in QK_NORMS[1:] and (
+                self.name == "qk_norm" or self.norm == "layernorm"),
+             f"choose one of {', '.join(QK_NORMS[1:])} (the qk_norm scale's norm); {legacy}."),
+            ("qk_norm", self.qk_norm, self.qk_norm in QK_NORMS, f"choose {', '.join(QK_NORMS)}."),
+            ("qk_norm/qk_norm_gain", (self.qk_norm, self.qk_norm_gain), self.name != "qk_norm" or (
+                self.qk_norm, self.qk_norm_gain) == ("none", True), f"{legacy} (and "
+             "scaling.qk_norm_gain=false for one without a gain)."),
             ("softcap", self.softcap, self.softcap is None or is_positive_number(self.softcap),
              "use null (no soft-cap) or a positive finite number (Gemma 2 uses 50.0)."),
             ("attn_mult", self.attn_mult, self.attn_mult is None or is_positive_number(
@@ -144,6 +157,7 @@ class GPTConfig:
     qk_init_std: Optional[float] = None
     pos: str = "learned"  # learned: an embedding table; rope: rotated q, k (model/rope.py); nope
     rope_base: float = 10000.0  # RoPE's theta: pair i turns by position * rope_base^(-2i/d_head)
+    attn_gate: str = "none"  # each head's output times sigmoid(x W_g): ATTN_GATES (Qiu et al. 2025)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     param: ParamConfig = field(default_factory=ParamConfig)
 
@@ -169,14 +183,17 @@ class GPTConfig:
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"model.{key} must be a {cls.__name__}, got "
                                   f"{type(getattr(self, key)).__name__}; build it first.")
-        if self.d_head < SCALES[self.scaling.name].min_d_head:
+        norm = self.scaling.qk_norm   # over one coordinate a norm leaves 0 or a sign
+        narrowest = max(SCALES[self.scaling.name].min_d_head, 1 + (norm != "none"))
+        if self.d_head < narrowest:
             raise ConfigError(f"model.d_head={self.d_head} is too narrow for scaling.name="
-                              f"{self.scaling.name}, defined for d_head >= "
-                              f"{SCALES[self.scaling.name].min_d_head} (model/config.py, SCALES); "
-                              "widen model.d_head (or model.d_model) or choose another scale.")
-        if self.attn_impl not in ATTN_IMPLS:
-            raise ConfigError(f"model.attn_impl={self.attn_impl!r} is not known; choose one of "
-                              f"{', '.join(ATTN_IMPLS)}.")
+                              f"{self.scaling.name} with scaling.qk_norm={norm}, defined for "
+                              f"d_head >= {narrowest} (model/config.py, SCALES); widen "
+                              "model.d_head (or model.d_model) or choose another scale or norm.")
+        refuse("model", (("attn_impl", self.attn_impl, self.attn_impl in ATTN_IMPLS,
+                          f"choose one of {', '.join(ATTN_IMPLS)}."),
+                         ("attn_gate", self.attn_gate, self.attn_gate in ATTN_GATES,
+                          f"choose one of {', '.join(ATTN_GATES)}.")))
         if self.attn_impl == "sdpa" and self.scaling.softcap is not None:
             raise ConfigError(f"model.attn_impl='sdpa' cannot apply scaling.softcap="
                               f"{self.scaling.softcap}: SDPA has no soft-cap; set "

@@ -39,7 +39,7 @@ def explain(attn: MultiHeadAttention, x: Tensor, *, causal: bool = True,
     stats = attention_stats(q, k, logits, weights,
                             None if mask is None else (mask.allowed, mask.row_ok), valid_mask)
     rows = real_rows(q, None if mask is None else mask.row_ok, valid_mask)
-    return Explained(attn.merge_heads(y), weights, stats, rows)
+    return Explained(attn.merge_heads(y, x), weights, stats, rows)
 
 
 @torch.no_grad()
@@ -52,7 +52,9 @@ def layer_stats(model: GPT, idx: Tensor, valid_mask: Optional[Tensor] = None
 
     def hook(attn, args, kwargs):
         info = explain(attn, *args, **kwargs)
-        stats.append(info.stats | mass_stats(info.weights, info.rows, attn.scaling.normaliser))
+        cap = {} if attn.q_norm is None else {"logit_cap": logit_cap(attn)}
+        stats.append(info.stats | mass_stats(info.weights, info.rows, attn.scaling.normaliser)
+                     | cap)
 
     run_hooked(model, idx, valid_mask, [
         block.attn.register_forward_pre_hook(hook, with_kwargs=True) for block in model.blocks])
@@ -143,6 +145,22 @@ def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
         "raw_var": raw_dev.square().sum(dim=(0, 2, 3)) / n_entries / D,
         "raw_max_logit": raw.abs().amax(dim=(0, 2, 3)),
     }
+
+
+def logit_cap(attn: MultiHeadAttention) -> Tensor:
+    """Each head's cap on |s q.k| where q and k are normalised (scaling.qk_norm, or the qk_norm
+    scale), (H,) float32, to read beside its max_logit: how close a head sits to its ceiling.
+    A norm over D leaves q and k of length at most sqrt(D) (exactly, up to eps, for RMSNorm), so
+    |q.k| <= D; gains g_q, g_k (shared by the heads) weigh coordinate i by g_q,i g_k,i, so
+    |q.k| <= D max_i |g_q,i g_k,i|, reached by RMSNorm with q and k along that coordinate. The
+    cap is s D max_i |g_q,i g_k,i| (s per head under `learned`), before scaling.length's factor
+    g(n) and the soft-cap (docs/scaling.md, section 8)."""
+    s, device = attn.scale(), attn.q_proj.weight.device
+    s = s.detach().flatten() if isinstance(s, Tensor) else torch.full((attn.n_head,), s,
+                                                                        device=device)
+    g_q, g_k = attn.q_norm.weight, attn.k_norm.weight   # (D,) each, or None without a gain
+    gain = 1.0 if g_q is None else (g_q * g_k).detach().abs().amax()
+    return (s * attn.d_head * gain).float()
 
 
 def mass_stats(weights: Tensor, rows: Tensor, normaliser: str) -> dict[str, Tensor]:

@@ -34,14 +34,16 @@ UNBOUNDED = ("qk_norm", "uniform")   # scales whose logits the clip cannot bound
 def setup(model: torch.nn.Module, tau: float) -> Callable[[], None]:
     """Arm every attention module of `model` (a GPT) for QK-Clip at threshold tau; the clip,
     for the step to call after AdamW."""
-    scaling = model.config.scaling.name
-    if scaling in UNBOUNDED:
+    scaling, norm = model.config.scaling.name, model.config.scaling.qk_norm
+    if scaling in UNBOUNDED or norm != "none":
         raise ConfigError(
-            f"optim.qk_clip={tau} cannot work with scaling={scaling}: "
-            + ("qk_norm normalises q and k per head, so scaling their projection rows does not "
-               "change the logits" if scaling == "qk_norm" else
-               "uniform attention has no logits to clip")
-            + "; drop optim.qk_clip (optim.qk_clip=null) or pick another scale.")
+            f"optim.qk_clip={tau} cannot work with scaling={scaling}"
+            + (f" scaling.qk_norm={norm}" if norm != "none" else "") + ": "
+            + ("uniform attention has no logits to clip" if scaling == "uniform" else
+               "a norm on q and k per head undoes any scaling of their projection rows, so the "
+               "clip cannot change the logits")
+            + "; drop optim.qk_clip (optim.qk_clip=null) or pick another scale (and "
+            "scaling.qk_norm=none).")
     pos, length = model.config.pos, model.config.scaling.length
     if pos == "rope" or length != "fixed":
         raise ConfigError(

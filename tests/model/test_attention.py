@@ -51,7 +51,7 @@ def make_mha(name="sqrt_dk", seed=0, cls=MultiHeadAttention, **fields):
     with torch.no_grad():
         if name == "learned":
             mha.log_scale.uniform_(-2.0, 0.5)
-        if name == "qk_norm":
+        if mha.q_norm is not None and mha.q_norm.weight is not None:   # a norm with a gain
             mha.q_norm.weight.uniform_(0.5, 2.0)
             mha.k_norm.weight.uniform_(0.5, 2.0)
         if mha.scaling.normaliser == "sink":
@@ -112,7 +112,7 @@ def test_scaling_config_rejects_bad_values(kwargs, message):
 
 
 def test_attention_rejects_bad_impl_and_sdpa_with_softcap():
-    with pytest.raises(ConfigError, match="model.attn_impl='fast' is not known"):
+    with pytest.raises(ConfigError, match="model.attn_impl='fast' is not valid: choose one of"):
         attention_layer(8, 2, 4, ScalingConfig(), attn_impl="fast")
     with pytest.raises(ConfigError, match="SDPA has no soft-cap"):
         attention_layer(8, 2, 4, ScalingConfig(softcap=50.0), attn_impl="sdpa")
@@ -279,12 +279,12 @@ def test_sqrt_dk_equals_torch_multihead_attention(mode):
 # ---------------------------------------------------------------- the scale of each variant
 
 # Each variant's s at initialisation, written by hand from its source (D head width, c the
-# ScalingConfig): the one test table a new scale adds a row to
-BY_HAND = {"sqrt_dk": lambda D, c: D ** -0.5, "none": lambda D, c: 1.0,
-           "dk": lambda D, c: 1 / D, "constant": lambda D, c: 1 / c.divisor,
-           "learned": lambda D, c: D ** -0.5, "qk_norm": lambda D, c: D ** -0.5,
-           "uniform": lambda D, c: 0.0}
-D_HEAD = 16  # distinguishes every variant: 1/4, 1, 1/16, 1/8 ...
+# ScalingConfig, C the model width): the one test table a new scale adds a row to
+BY_HAND = {"sqrt_dk": lambda D, c, C: D ** -0.5, "none": lambda D, c, C: 1.0,
+           "dk": lambda D, c, C: 1 / D, "constant": lambda D, c, C: 1 / c.divisor,
+           "learned": lambda D, c, C: D ** -0.5, "qk_norm": lambda D, c, C: D ** -0.5,
+           "uniform": lambda D, c, C: 0.0, "sqrt_dmodel": lambda D, c, C: C ** -0.5}
+D_HEAD = 16  # distinguishes every variant: 1/4, 1, 1/16, 1/8 ... (and 1/sqrt(32) at C = 32)
 
 
 def test_every_scale_has_a_row_by_hand_and_a_config_file():
@@ -300,7 +300,8 @@ def test_each_scale_is_built_from_its_min_d_head_and_refused_below(name):
     assert attention_layer(4, 1, narrowest, ScalingConfig(name)).d_head == narrowest
     if narrowest > 1:
         with pytest.raises(ConfigError, match=rf"model.d_head={narrowest - 1} is too narrow for "
-                           rf"scaling.name={name}, defined for d_head >= {narrowest} "):
+                           rf"scaling.name={name} with scaling.qk_norm=none, defined for d_head "
+                           rf">= {narrowest} "):
             attention_layer(4, 1, narrowest - 1, ScalingConfig(name))
 
 
@@ -317,7 +318,7 @@ def test_scale_at_initialisation(name):
     mha = attention_layer(32, 2, D_HEAD, ScalingConfig(name))
     s = mha.scale()
     s = s.detach().flatten().tolist() if isinstance(s, torch.Tensor) else [s]
-    assert s == pytest.approx([BY_HAND[name](D_HEAD, ScalingConfig(name))] * len(s), rel=1e-6)
+    assert s == pytest.approx([BY_HAND[name](D_HEAD, ScalingConfig(name), 32)] * len(s), rel=1e-6)
     assert attention_layer(32, 2, D_HEAD, ScalingConfig("constant", divisor=5.0)).scale() == 0.2
 
 
@@ -330,7 +331,7 @@ def test_logits_are_qk_times_the_variant_factor(name):
     with torch.no_grad():
         q = (x @ mha.q_proj.weight.T + mha.q_proj.bias).view(B, T, H, D_HEAD).transpose(1, 2)
         k = (x @ mha.k_proj.weight.T + mha.k_proj.bias).view(B, T, H, D_HEAD).transpose(1, 2)
-        factor = torch.full((H, 1, 1), BY_HAND[name](D_HEAD, mha.scaling))
+        factor = torch.full((H, 1, 1), BY_HAND[name](D_HEAD, mha.scaling, C))
         if name == "learned":
             factor = mha.log_scale.exp().view(H, 1, 1)
         if name == "qk_norm":  # LayerNorm over D (no bias) with the learnable gain
@@ -386,14 +387,16 @@ def test_softcap_bounds_logits():
 
 
 def qk_by_hand(mha, x):
-    """q and k (B, H, T, D) from the projection weights, normalised by hand for qk_norm."""
+    """q and k (B, H, T, D) from the projection weights, normalised by hand for the qk_norm
+    scale and scaling.qk_norm (with the gains, or without under qk_norm_gain=false)."""
     B, T, _ = x.shape
     H, D = mha.n_head, mha.d_head
     q, k = ((x @ p.weight.T + p.bias).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
             for p in (mha.q_proj, mha.k_proj))
-    if mha.scaling.name == "qk_norm":
-        gains = mha.q_norm.weight, mha.k_norm.weight
-        if mha.scaling.norm == "rmsnorm":  # t / sqrt(mean over D of t^2 + eps) * gain
+    norm = mha.scaling.norm if mha.scaling.name == "qk_norm" else mha.scaling.qk_norm
+    if norm != "none":
+        gains = (mha.q_norm.weight, mha.k_norm.weight) if mha.scaling.qk_norm_gain else (1, 1)
+        if norm == "rmsnorm":  # t / sqrt(mean over D of t^2 + eps) * gain
             q, k = (t / (t.square().mean(-1, keepdim=True) + 1e-5).sqrt() * g
                     for t, g in zip((q, k), gains))
         else:  # (t - mean) / sqrt(var + eps) * gain, no bias
@@ -407,7 +410,7 @@ def factor_by_hand(mha):
     """The score scale of the variant as BY_HAND gives it: (H|1, 1, 1)."""
     if mha.scaling.name == "learned":
         return mha.log_scale.exp().view(-1, 1, 1)
-    factor = BY_HAND[mha.scaling.name](mha.d_head, mha.scaling)
+    factor = BY_HAND[mha.scaling.name](mha.d_head, mha.scaling, mha.d_model)
     return torch.full((1, 1, 1), factor, dtype=torch.float64)
 
 

@@ -1,13 +1,22 @@
 """Tests for model/gpt.py: config validation, initialisation, counts, loss masking, causality,
 padding and positions, statistics, generation, and that every variant can learn."""
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from model.attention import MultiHeadAttention
-from model.config import IGNORE_INDEX, SCALINGS, GPTConfig, ScalingConfig
+from model.config import (
+    IGNORE_INDEX,
+    LENGTHS,
+    NORMALISERS,
+    POSITIONS,
+    SCALINGS,
+    GPTConfig,
+    ScalingConfig,
+)
 from model.cpu_autocast import CPUAutocastAttention
 from model.diagnostics import explain, layer_stats, qk_grad_norms
 from model.errors import ConfigError, UserError
@@ -36,8 +45,13 @@ def tiny(seed=0, attention=MultiHeadAttention, **overrides):
     ({"n_layer": 0}, "model.n_layer=0 must be a positive integer"),
     ({"d_head": 0}, "model.d_head=0 must be a positive integer"),
     ({"dropout": 1.0}, "model.dropout=1.0 must be in [0, 1)"),
-    ({"attn_impl": "flash"}, "model.attn_impl='flash' is not known; choose one of auto, "
+    ({"attn_impl": "flash"}, "model.attn_impl='flash' is not valid: choose one of auto, "
                              "explicit, sdpa"),
+    ({"attn_gate": "channel"}, "model.attn_gate='channel' is not valid: choose one of none, "
+                               "headwise, elementwise"),
+    ({"d_head": 1, "scaling": ScalingConfig(qk_norm="rmsnorm")},
+     "model.d_head=1 is too narrow for scaling.name=sqrt_dk with scaling.qk_norm=rmsnorm, "
+     "defined for d_head >= 2"),
     ({"scaling": {"name": "dk"}}, "model.scaling must be a ScalingConfig, got dict"),
     ({"attn_impl": "sdpa", "scaling": ScalingConfig(softcap=30.0)},
      "model.attn_impl='sdpa' cannot apply scaling.softcap=30.0"),
@@ -343,3 +357,54 @@ def test_gpt_builds_the_attention_it_is_given():
     assert all(type(b.attn) is CPUAutocastAttention for b in route.blocks)
     plain = tiny().state_dict()
     assert all(torch.equal(v, plain[k]) for k, v in route.state_dict().items())
+
+
+# The switches of the scale's neighbourhood, one arm each: a norm on q and k without a gain
+# under modded-nanogpt's constant, the output gate both ways, and sqrt_dmodel's bug
+SWITCHES = {"qk_norm": {"scaling": {"name": "constant", "divisor": 1 / 0.12,
+                                    "qk_norm": "rmsnorm", "qk_norm_gain": False}},
+            "headwise": {"attn_gate": "headwise"}, "elementwise": {"attn_gate": "elementwise"},
+            "sqrt_dmodel": {"scaling": {"name": "sqrt_dmodel"}}}
+
+
+def switched(switch: str, **scaling) -> dict:
+    """GPTConfig keyword arguments of SWITCHES[switch], with more ScalingConfig keys."""
+    keys = dict(SWITCHES[switch])
+    return {**keys, "scaling": ScalingConfig(**{**keys.get("scaling", {}), **scaling})}
+
+
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_two_layer_model_overfits_one_batch_with_each_switch(switch):
+    model = tiny(seed=0, d_model=32, **switched(switch)).train()
+    idx = torch.randint(0, VOCAB, (4, 13), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(60):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1, f"{switch}: loss {loss.item():.3f} after 60 steps"
+
+
+# Every position and length option together, each pair with one normaliser in turn: each
+# switch meets every normaliser three times and every position and length pair once
+SETTINGS = [(pos, length, list(NORMALISERS)[i % len(NORMALISERS)]) for i, (pos, length) in
+            enumerate(itertools.product(POSITIONS, LENGTHS))]
+
+
+@pytest.mark.parametrize("pos, length, normaliser", SETTINGS)
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_each_switch_steps_and_reloads_under_every_normaliser_position_and_length(
+        switch, pos, length, normaliser):
+    """One AdamW step with finite gradients for every parameter, then the weights loaded into a
+    fresh model give the same logits: every combination builds, trains and resumes."""
+    keys = switched(switch, normaliser=normaliser, length=length)
+    model = tiny(seed=0, pos=pos, d_model=16, **keys).train()
+    idx = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    opt.step()
+    again = tiny(seed=1, pos=pos, d_model=16, **keys)
+    again.load_state_dict(model.state_dict())
+    assert torch.equal(again(idx)[0], model.eval()(idx)[0])

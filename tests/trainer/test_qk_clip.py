@@ -131,11 +131,21 @@ def test_a_step_without_the_option_leaves_the_weights_to_adamw():
     assert not hasattr(attn, "max_logit")
 
 
-@pytest.mark.parametrize("scaling, why", [("qk_norm", "normalises q and k"),
+@pytest.mark.parametrize("scaling, why", [("qk_norm", "a norm on q and k per head undoes"),
                                           ("uniform", "no logits")])
 def test_refused_where_it_cannot_bound_the_logits(scaling, why):
     with pytest.raises(ConfigError, match=why):
         qk_clip.setup(hot_model(scaling), TAU)
+
+
+def test_refused_with_a_norm_on_q_and_k_under_any_scale():
+    """scaling.qk_norm normalises q and k per head: rows of W_q and W_k scaled by a factor
+    leave the normalised q and k, so the logits, as they were."""
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=T, n_layer=1, n_head=H, d_model=16,
+                          d_head=D, scaling=ScalingConfig("constant", qk_norm="rmsnorm")))
+    with pytest.raises(ConfigError, match="cannot work with scaling=constant "
+                       "scaling.qk_norm=rmsnorm: a norm on q and k per head undoes"):
+        qk_clip.setup(model, TAU)
 
 
 @pytest.mark.parametrize("model_keys, why", [({"pos": "rope"}, "model.pos=rope"),

@@ -204,19 +204,28 @@ def test_resume_with_changed_settings_is_refused_naming_them(
 
 def test_a_checkpoint_from_before_a_key_existed_resumes_at_its_default(tiny_cfg, tiny_run,
                                                                      tmp_path):
-    """A checkpoint written before optim.qk_clip, trainer.z_loss, scaling.attn_mult and the
-    param group existed (its config lacks them) resumes when they are at their defaults, which
-    change nothing, and is refused, naming the key, when one is set."""
+    """A checkpoint written before optim.qk_clip, trainer.z_loss, scaling.attn_mult, the
+    param group, scaling.qk_norm, scaling.qk_norm_gain and model.attn_gate existed (its config
+    lacks them) resumes when they are at their defaults, which change nothing, and is refused,
+    naming the key, when one is set; its model_config rebuilds the model it saved."""
     run_dir = copy_run(tiny_run[0], tmp_path / "run")   # at step 8
     last = run_dir / "checkpoints" / "last.pt"
     ckpt = torch.load(last, weights_only=False)
-    for group, key in (("optim", "qk_clip"), ("trainer", "z_loss"), ("scaling", "attn_mult")):
+    for group, key in (("optim", "qk_clip"), ("trainer", "z_loss"), ("scaling", "attn_mult"),
+                       ("scaling", "qk_norm"), ("scaling", "qk_norm_gain"),
+                       ("model", "attn_gate")):
         del ckpt["config"][group][key]
     del ckpt["config"]["param"]
+    del ckpt["model_config"]["attn_gate"]
+    for key in ("qk_norm", "qk_norm_gain"):
+        del ckpt["model_config"]["scaling"][key]
+    GPT(checkpoint_read.model_config(ckpt["model_config"])).load_state_dict(ckpt["model"])
     torch.save(ckpt, last)
-    with pytest.raises(UserError, match=r"optim.qk_clip: checkpoint None, now 1.0"):
-        train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12",
-                                      "optim.qk_clip=1.0"]), run_dir)
+    for change, named in (("optim.qk_clip=1.0", r"optim.qk_clip: checkpoint None, now 1.0"),
+                          ("model.attn_gate=headwise", r"model.attn_gate: [^;]*, now 'headwise'")):
+        with pytest.raises(UserError, match=named):
+            train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12",
+                                          change]), run_dir)
     summary = train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12"]),
                           run_dir)
     assert summary["steps"] == 12

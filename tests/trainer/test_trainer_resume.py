@@ -79,7 +79,13 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_run, interrupted):
 @pytest.mark.parametrize("extra", [
     ["model.dropout=0.2"],                                          # dropout RNG restored
     ["data.packing=pad", "data.document=line", "trainer.grad_accum=2"],
-    ["optim.qk_clip=0.05", "trainer.z_loss=1e-3"]])                # clip counts checkpointed
+    ["optim.qk_clip=0.05", "trainer.z_loss=1e-3"],                 # clip counts checkpointed
+    # modded-nanogpt's scale after a gain-free RMSNorm, a gate, RoPE and a learned sink
+    ["scaling.name=constant", "scaling.divisor=8.333", "scaling.qk_norm=rmsnorm",
+     "scaling.qk_norm_gain=false", "model.attn_gate=headwise", "model.pos=rope",
+     "scaling.normaliser=sink"],
+    ["scaling.name=sqrt_dmodel", "model.attn_gate=elementwise", "model.pos=nope",
+     "scaling.length=ssmax", "scaling.normaliser=sigmoid"]])
 def test_resume_is_bit_exact(tiny_cfg, tmp_path, monkeypatch, extra):
     straight, extra = tmp_path / "straight", [*extra, "trainer.diagnostics=true"]
     train.train(derive(tiny_cfg, extra), straight)
@@ -91,8 +97,15 @@ def test_resume_is_bit_exact(tiny_cfg, tmp_path, monkeypatch, extra):
         assert [r["step"] for r in a] == [r["step"] for r in b] and len(a) > 2
         for key in keys:
             assert [r[key] for r in a] == [r[key] for r in b], key
-    clips = [r["attn_heads"].get("qk_clip_count") for r in records(straight, "eval")]
-    assert clips == [r["attn_heads"].get("qk_clip_count") for r in records(resumed, "eval")]
+    for key in ("qk_clip_count", "logit_cap"):
+        heads = [r["attn_heads"].get(key) for r in records(straight, "eval")]
+        assert heads == [r["attn_heads"].get(key) for r in records(resumed, "eval")], key
+    assert ("logit_cap" in records(straight, "eval")[-1]["attn_heads"]) == any(
+        key.startswith("scaling.qk_norm=") for key in extra)   # recorded where a norm is on
+    for r in records(straight, "eval"):   # a head's largest logit never passes its cap
+        for caps, maxima in zip(r["attn_heads"].get("logit_cap", []),
+                                r["attn_heads"]["max_logit"]):
+            assert all(m <= c * (1 + 1e-6) for m, c in zip(maxima, caps))
     assert (straight / "samples.txt").read_text() == (resumed / "samples.txt").read_text()
 
 
