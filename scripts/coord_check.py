@@ -49,7 +49,6 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from model.config import GPTConfig, ParamConfig, ScalingConfig
 from model.gpt import GPT
-from scripts.report.style import dodge
 from trainer.build import make_optimizer
 from trainer.schema import OptimConfig
 
@@ -195,7 +194,8 @@ def read_csv(path: Path) -> list[dict]:
 def plot(rows: list[dict], setup: Setup, path: Path) -> None:
     """A row of panels per arm, a panel per quantity: the mean over seeds against width, a line
     per step from dark (initialisation) to light (the last step), both axes log (the quantities
-    grow by orders of magnitude); the x margins hold the lines moved sideways (dodge)."""
+    grow by orders of magnitude); each point on its width, a hollow marker of its own shape per
+    step, so that equal values show both."""
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     names = quantities(setup.n_layer)
     fig, axes = plt.subplots(len(arms), len(names), figsize=(2.3 * len(names), 2.0 * len(arms)),
@@ -209,9 +209,9 @@ def plot(rows: list[dict], setup: Setup, path: Path) -> None:
             widths = sorted(by_width)
             if any(by_width[w] <= 0 for w in widths):
                 zeros.setdefault(name, set()).add(f"{arm} at step {step}")
-            dodge(ax, (step, setup.steps + 1),   # equal values: markers side by side
-                  ax.plot(widths, [by_width[w] if by_width[w] > 0 else math.nan for w in widths],
-                          "o-", ms=2.5, lw=1, color=colors[step], label=f"step {step}"))
+            ax.plot(widths, [by_width[w] if by_width[w] > 0 else math.nan for w in widths],
+                    marker="os^Dv<>p"[step % 8], mfc="none", ms=3.5, mew=0.8, lw=1,
+                    color=colors[step], label=f"step {step}")   # hollow: equal values show
         log_axes(ax)
         ax.set_title(name if i == 0 else "", fontsize=9)
         ax.set_xlabel("d_model" if i == len(arms) - 1 else "", fontsize=8)
@@ -231,14 +231,14 @@ def plot(rows: list[dict], setup: Setup, path: Path) -> None:
 
 def log_axes(ax) -> None:
     """Both axes log, x base 2; y labelled at the decades, or at 1, 2, 3 and 5 times them where
-    the panel spans less than one; x margins that hold the lines moved sideways (dodge)."""
+    the panel spans less than one."""
     ys = [y for line in ax.lines for y in line.get_ydata() if y > 0]
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 3, 5) if max(ys) < 10 * min(ys) else (1,)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.margins(x=0.15)
+    ax.margins(x=0.08)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
 

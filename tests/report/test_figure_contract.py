@@ -438,14 +438,15 @@ def markers_shown(line) -> np.ndarray:
 
 def hidden_markers(fig) -> list[str]:
     """No marker lies wholly under a marker of another line: centres a quarter of a marker
-    apart or closer."""
+    apart or closer; two hollow markers of different shapes both show."""
     rendered(fig)
     bad = []
     for ax in fig.axes:
-        shown = [(text, markers_shown(line), line.get_markersize() * fig.dpi / 72)
+        shown = [(text, markers_shown(line), line.get_markersize() * fig.dpi / 72,
+                  (line.get_marker(), str(line.get_markerfacecolor()) == "none"))
                  for text, line in labelled(ax) if isinstance(line, Line2D)]
-        for (t1, p1, s1), (t2, p2, s2) in itertools.combinations(shown, 2):
-            if len(p1) and len(p2):
+        for (t1, p1, s1, m1), (t2, p2, s2, m2) in itertools.combinations(shown, 2):
+            if len(p1) and len(p2) and not (m1[1] and m2[1] and m1[0] != m2[0]):
                 apart = np.linalg.norm(p1[:, None, :] - p2[None, :, :], axis=2)
                 if n := int((apart.min(axis=1) <= 0.25 * max(s1, s2)).sum()):
                     bad.append(f"{ax.get_title()!r}: {n} marker(s) of {t1!r} hidden under"
