@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from model.attention import MultiHeadAttention, build_mask
-from model.config import SATURATION_THRESHOLD
+from model.config import SATURATION_THRESHOLD, SDPA_NORMALISERS
 from model.gpt import GPT, eval_mode
 
 # Gu et al. 2024, "When Attention Sink Emerges in Language Models: An Empirical View" (ICLR
@@ -36,7 +36,7 @@ def explain(attn: MultiHeadAttention, x: Tensor, *, causal: bool = True,
     mask = build_mask(x, causal, valid_mask, attn_mask)
     gq = q if attn.length is None else attn.length(q, mask, causal)  # q * g(n) per row
     y, weights, logits = attn.explicit(gq, k, v, mask)
-    stats = attention_stats(q, k, logits, weights,
+    stats = attention_stats(q, k, logits, read_weights(weights, attn.scaling.normaliser),
                             None if mask is None else (mask.allowed, mask.row_ok), valid_mask)
     rows = real_rows(q, None if mask is None else mask.row_ok, valid_mask)
     return Explained(attn.merge_heads(y, x), weights, stats, rows)
@@ -98,19 +98,35 @@ def real_rows(q: Tensor, row_ok: Optional[Tensor], valid_mask: Optional[Tensor])
     return rows
 
 
+def read_weights(weights: Tensor, normaliser: str) -> Tensor:
+    """The weights (B, H, T, T) that the statistics of where a row's weight goes read, float32
+    and detached: as given under a softmax with or without an extra logit (SDPA_NORMALISERS),
+    whose row sums to 1 with the extra logit's share; each weight's share of its row's total
+    under any other normaliser (sigmoid), whose row sums to anything in (0, n). So a sigmoid
+    row that gives each of its keys 0.5 reads as uniform, as softmax's 1/n does, not as n
+    halves. A row whose weights are all 0 (no key) stays 0."""
+    w = weights.detach().float()
+    if normaliser in SDPA_NORMALISERS:
+        return w
+    total = w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
+    return w / total.masked_fill(total == 0, 1.0)
+
+
 def attention_stats(q: Tensor, k: Tensor, logits: Tensor, weights: Tensor,
                     allowed: Optional[tuple[Tensor, Tensor]],
                     valid_mask: Optional[Tensor]) -> dict[str, Tensor]:
     """Per-head statistics, each (H,) float32, of q, k (B, H, T, D) after qk_norm and the
-    explicit path's logits and weights (B, H, T, T). `allowed`: the mask's (allowed (B|1, H|1,
-    T, T), row_ok (B|1, H|1, T, 1)), None without a mask. Real rows: real tokens with an allowed
-    key; entries: their allowed keys. Raw scores q.k come before the scale and soft-cap, so scales
-    compare: unit-variance q, k give Var(q.k) = d_head, raw_var 1 (docs/scaling.md).
-        entropy        mean over real rows of -sum_j w_j log w_j (nats); of the weights as the
-                       normaliser gives them, a distribution only under softmax
+    explicit path's logits and weights w (B, H, T, T) as read_weights reads them (under sigmoid
+    each row's shares of its total). `allowed`: the mask's (allowed (B|1, H|1, T, T), row_ok
+    (B|1, H|1, T, 1)), None without a mask. Real rows: real tokens with an allowed key; entries:
+    their allowed keys. Raw scores q.k come before the scale and soft-cap, so scales compare:
+    unit-variance q, k give Var(q.k) = d_head, raw_var 1 (docs/scaling.md).
+        entropy        mean over real rows of -sum_j w_j log w_j (nats); a row's entropy under
+                       softmax and sigmoid; under softmax1 and sink the keys' terms only, the
+                       extra logit's left out
         entropy_norm   mean over real rows with at least 2 keys of the entropy / ln(their
                        number of allowed keys): 1 = uniform, 0 = one-hot (Wortsman et al. 2023)
-        saturated      fraction of real rows whose largest weight exceeds SATURATION_THRESHOLD
+        saturated      fraction of real rows whose largest w exceeds SATURATION_THRESHOLD
         max_logit      max |logit| over entries (after the scale and soft-cap)
         raw_var        Var(q.k) / d_head over entries (divisor n)
         raw_max_logit  max |q.k| over entries
@@ -168,16 +184,18 @@ def mass_stats(weights: Tensor, rows: Tensor, normaliser: str) -> dict[str, Tens
     (B, H, T, T) over the real keys and the real rows (B, H, T, 1) (real tokens with an allowed
     key; a row with none has zero weights by policy and counts nowhere). Key 0 is the first
     token: the first of the window (data.packing=concat) or of the document piece (pad, whose
-    padding is on the right); this model has no BOS token.
+    padding is on the right); this model has no BOS token. first_mass, sink_score and
+    sink_rate read the weights as read_weights does: under sigmoid each row's shares of its
+    total, so a head that gives every key the same weight is no sink head, whatever that weight.
         first_mass   mean over real rows of the weight on key 0; uniform attention over T
                      causal rows gives (1 + 1/2 + ... + 1/T) / T
         sink_score   Gu et al.'s score of key 0, averaged over sequences (below)
         sink_rate    the share of sequences in which the head is a sink head (below); the
                      mean over heads and layers is Gu et al.'s sink rate
         sink_weight  mean over real rows of the weight the normaliser puts outside the real
-                     keys, 1 - sum_j w_j: the +1 of softmax1, the learned logit of sink; 0 for
-                     softmax; absent for sigmoid (and any other normaliser without such a
-                     logit), whose rows need not sum to 1
+                     keys, 1 - sum_j w_j of the weights as given: the +1 of softmax1, the
+                     learned logit of sink; 0 for softmax; absent outside SDPA_NORMALISERS
+                     (sigmoid), whose rows need not sum to 1
     Gu et al. 2024 (sail-sg/Attention-Sink, eval_sink_open_source.py, compute_attention_sink):
     on sequences cut to their first 64 tokens, key k's score in a layer and head is the mean
     attention it receives from the queries that can see it, sum_i A[i, k] / (64 - k); a head
@@ -190,7 +208,7 @@ def mass_stats(weights: Tensor, rows: Tensor, normaliser: str) -> dict[str, Tens
     w = weights.detach().float()
     H = w.shape[1]
     n_rows = rows.sum(dim=(0, 2, 3)).clamp(min=1)  # (H,)
-    first = w[..., :1]  # (B, H, T, 1) the weight on key 0
+    first = read_weights(w, normaliser)[..., :1]  # (B, H, T, 1) the weight on key 0
     early = rows[:, :, :SINK_WINDOW]  # (B, H, W, 1) the real rows among the first W
     n_early = early.sum(dim=(2, 3))  # (B, H)
     score = (first[:, :, :SINK_WINDOW] * early).sum(dim=(2, 3)) / n_early.clamp(min=1)  # (B, H)
@@ -199,11 +217,11 @@ def mass_stats(weights: Tensor, rows: Tensor, normaliser: str) -> dict[str, Tens
     stats = {"first_mass": (first * rows).sum(dim=(0, 2, 3)) / n_rows,
              "sink_score": (score * counted).sum(dim=0) / n_counted,
              "sink_rate": ((score > SINK_EPSILON) & counted).sum(dim=0) / n_counted}
-    if normaliser in ("softmax1", "sink"):   # the share of the extra logit b
+    if normaliser == "softmax":   # no weight outside the keys
+        stats["sink_weight"] = torch.zeros(H, device=w.device)
+    elif normaliser in SDPA_NORMALISERS:   # the share of the extra logit b
         outside = 1.0 - w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
         stats["sink_weight"] = (outside * rows).sum(dim=(0, 2, 3)) / n_rows
-    elif normaliser == "softmax":   # no weight outside the keys
-        stats["sink_weight"] = torch.zeros(H, device=w.device)
     return stats
 
 

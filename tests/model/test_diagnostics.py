@@ -2,19 +2,23 @@
 where attention's mass goes (the first token, Gu et al.'s sink rate, the sink's own weight) and
 the residual stream's size (Sun et al.'s top-3 and median |h|, kurtosis)."""
 
+import math
+
 import numpy as np
 import pytest
 import scipy.stats
 import torch
 
 from data.batching import Batch
-from model.config import GPTConfig, ScalingConfig
+from model.config import SDPA_NORMALISERS, GPTConfig, ScalingConfig
 from model.diagnostics import (
     SINK_EPSILON,
     SINK_WINDOW,
     activation_stats,
+    attention_stats,
     layer_stats,
     mass_stats,
+    read_weights,
     residual_stats,
 )
 from model.gpt import GPT
@@ -56,13 +60,13 @@ def test_sink_rate_and_first_mass_by_hand():
     assert stats["sink_weight"].tolist() == pytest.approx([0.5 / 16, 0.0], abs=1e-7)
 
 
-@pytest.mark.parametrize("normaliser", ["softmax", "softmax1", "sink", "sigmoid"])
+@pytest.mark.parametrize("normaliser", SDPA_NORMALISERS)
 def test_rows_without_a_real_query_or_key_count_nowhere(normaliser):
     """Sequence 1 is right-padded after 5 tokens: its padded rows put everything on key 0 and
     must not count; under the window its uniform head sees 5 rows, H_5 / 5 = 0.457 > 0.3, so
     it is a sink head on that sequence only. Sequence 2 is all padding: zero weights by the
     empty-row policy (1 - sum = 1 outside), in no mean. Per normaliser, the sink's weight: the
-    rest of 1 (softmax1, sink), 0 (softmax), none (sigmoid)."""
+    rest of 1 (softmax1, sink), 0 (softmax). (Sigmoid reads shares of each row: below.)"""
     weights = torch.stack([HALF, UNIFORM])[None].repeat(3, 1, 1, 1).float()   # (3, 2, 16, 16)
     weights[1, :, 5:] = 0.0
     weights[1, :, 5:, 0] = 1.0
@@ -75,11 +79,57 @@ def test_rows_without_a_real_query_or_key_count_nowhere(normaliser):
     assert stats["sink_score"].tolist() == pytest.approx(
         [0.5, (harmonic(16) / 16 + harmonic(5) / 5) / 2], rel=1e-6)
     assert stats["sink_rate"].tolist() == [1.0, 0.5]
-    expected = {"softmax": [0.0, 0.0], "softmax1": [1 / 21, 0.0], "sink": [1 / 21, 0.0]}
-    if normaliser == "sigmoid":
-        assert "sink_weight" not in stats
-    else:
-        assert stats["sink_weight"].tolist() == pytest.approx(expected[normaliser], abs=1e-7)
+    expected = [0.0, 0.0] if normaliser == "softmax" else [1 / 21, 0.0]   # the extra logit's
+    assert stats["sink_weight"].tolist() == pytest.approx(expected, abs=1e-7)
+
+
+# sigmoid rows of 16 causal keys: head 0 gives every key 0.5, head 1 gives key 0 0.9 and every
+# other key 0.1; a padded sequence after them
+HALVES = torch.ones(16, 16, dtype=torch.float64).tril() * 0.5
+TENTHS = torch.ones(16, 16, dtype=torch.float64).tril() * 0.1
+TENTHS[:, 0] = 0.9
+SIGMOID_ROWS = torch.stack([torch.stack([HALVES, TENTHS]), torch.zeros(2, 16, 16)]).float()
+
+
+def test_sigmoid_first_mass_and_sink_read_shares_of_each_row():
+    """Head 0's rows are uniform: key 0's share of row i is 1/(i + 1), as under softmax, so its
+    first mass and sink score are H_16 / 16 = 0.211 < 0.3, no sink head (as weights, 0.5 in
+    every row, it was one). Head 1's share of key 0 in row i is 0.9 / (0.9 + 0.1 i) = 9 / (9 +
+    i): mean 0.595 over the 16 rows, a sink head. Sequence 2 has no real row; no sink weight,
+    as the rows need not sum to 1."""
+    rows = torch.ones(2, 2, 16, 1, dtype=torch.bool)
+    rows[1] = False
+    stats = mass_stats(SIGMOID_ROWS, rows, "sigmoid")
+    shares = [harmonic(16) / 16, sum(9 / (9 + i) for i in range(16)) / 16]
+    assert shares[0] < SINK_EPSILON < shares[1]
+    assert stats["first_mass"].tolist() == pytest.approx(shares, rel=1e-6)
+    assert stats["sink_score"].tolist() == pytest.approx(shares, rel=1e-6)
+    assert stats["sink_rate"].tolist() == [0.0, 1.0]
+    assert "sink_weight" not in stats
+
+
+def entropy(p: list[float]) -> float:
+    return -sum(x * math.log(x) for x in p if x > 0)
+
+
+def test_sigmoid_entropy_reads_shares_of_each_row():
+    """The same rows: head 0's row i is uniform over its i + 1 keys, entropy ln(i + 1) and
+    entropy / ln(i + 1) = 1 (as weights, 0.5 ln 2 (i + 1) / ln(i + 1): 2.0 at i = 15); head 1's
+    shares are (9, 1, ..., 1) / (9 + i). Row 0 has one key, share 1: saturated, as under
+    softmax."""
+    B, H, T = SIGMOID_ROWS.shape[:3]
+    q = k = torch.zeros(B, H, T, 4)
+    causal = torch.ones(1, 1, T, T, dtype=torch.bool).tril()
+    valid = torch.tensor([[True] * T, [False] * T])   # sequence 2: padding
+    stats = attention_stats(q, k, torch.zeros(B, H, T, T), read_weights(SIGMOID_ROWS, "sigmoid"),
+                            (causal, torch.ones(1, 1, T, 1, dtype=torch.bool)), valid)
+    tenths = [entropy([9 / (9 + i)] + [1 / (9 + i)] * i) for i in range(T)]
+    assert stats["entropy"].tolist() == pytest.approx(
+        [sum(math.log(i + 1) for i in range(T)) / T, sum(tenths) / T], rel=1e-5)
+    assert stats["entropy_norm"].tolist() == pytest.approx(
+        [1.0, sum(h / math.log(i + 1) for i, h in enumerate(tenths) if i) / (T - 1)], rel=1e-5)
+    assert stats["entropy_norm"].max() <= 1.0
+    assert stats["saturated"].tolist() == pytest.approx([1 / T, 1 / T])
 
 
 def test_the_sink_score_reads_the_first_64_rows():
@@ -218,8 +268,9 @@ def test_residual_stats_are_each_blocks_output():
 def test_the_sink_weight_of_a_hand_set_sink_logit(normaliser, b):
     """scaling=uniform makes every logit 0, so with the extra logit b of softmax1 (0) or sink
     (set by hand to 2 and -1 in the two heads) row i puts e^b / (e^b + i + 1) outside its i + 1
-    keys and 1 / (e^b + i + 1) on key 0. Sigmoid: sigmoid(0 - ln(i + 1)) = 1 / (i + 2) on key
-    0, and no sink weight, as its rows need not sum to 1."""
+    keys and 1 / (e^b + i + 1) on key 0. Sigmoid: sigmoid(0 - ln(i + 1)) = 1 / (i + 2) on each
+    key, so key 0's share of row i is 1 / (i + 1), uniform attention's (first mass H_T / T,
+    entropy_norm 1), and no sink weight, as its rows need not sum to 1."""
     T = 10
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=T, n_layer=2, n_head=2, d_model=8,
@@ -233,8 +284,9 @@ def test_the_sink_weight_of_a_hand_set_sink_logit(normaliser, b):
     heads = record["attn_heads"]
     if b is None:
         assert "sink_weight" not in heads and "attn_sink_weight" not in record
-        for layer in heads["first_mass"]:
-            assert layer == pytest.approx([sum(1 / (i + 2) for i in range(T)) / T] * 2)
+        for layer in range(2):
+            assert heads["first_mass"][layer] == pytest.approx([harmonic(T) / T] * 2)
+            assert heads["entropy_norm"][layer] == pytest.approx([1.0] * 2, rel=1e-6)
         return
     e = [np.exp(v) for v in b]
     outside = [sum(eb / (eb + i + 1) for i in range(T)) / T for eb in e]

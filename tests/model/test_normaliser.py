@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import pytest
 import test_attention
+import test_diagnostics
 import torch
 from conftest import ROOT, add_rows, make_config
 
@@ -257,8 +258,9 @@ ADDED = {
 def test_a_normaliser_added_as_the_guide_says_needs_no_other_test_edited(name, monkeypatch):
     """Steps 1 and 3 of the guide, for this test only (conftest.add_rows, BY_HAND): every test
     here over the normalisers and, for one SDPA computes, test_attention.py's explicit path
-    against SDPA under every scale and mask run on it unchanged. (Step 2, its config file, is
-    what test_every_normaliser_has_a_row_by_hand_and_a_config_file asks for.)"""
+    against SDPA under every scale and mask and test_diagnostics.py's weight outside the keys
+    run on it unchanged. (Step 2, its config file, is what
+    test_every_normaliser_has_a_row_by_hand_and_a_config_file asks for.)"""
     weigh, by_hand, sdpa = ADDED[name]
     add_rows(monkeypatch, normalisers={name: weigh}, sdpa=(name,) if sdpa else ())
     monkeypatch.setitem(BY_HAND, name, by_hand)
@@ -271,6 +273,8 @@ def test_a_normaliser_added_as_the_guide_says_needs_no_other_test_edited(name, m
     for scale in SCALINGS if sdpa else ():
         for kind in test_attention.MASK_KINDS:
             test_attention.test_explicit_equals_sdpa(name, scale, kind, (2, 7, 3, 5, 11))
+    if sdpa:   # the diagnostics' weight outside the keys, 1 - sum_j w_j
+        test_diagnostics.test_rows_without_a_real_query_or_key_count_nowhere(name)
 
 
 def test_a_masked_key_in_a_sum_fails_the_weights_by_hand(monkeypatch):
