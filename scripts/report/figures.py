@@ -11,7 +11,7 @@ from typing import Optional
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.lines import Line2D
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from model.config import SATURATION_THRESHOLD, SCALES, ScalingConfig
 from scripts.report import stats as st
@@ -473,6 +473,10 @@ def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
                     "markevery": (k, max(len(steps) // 5, len(picks)))})
             ax.set(yscale="log" if log else "linear", xlabel="step" if i else "")
             ax.set_ylim(*((None, None) if log else (0.0, 1.05)))
+            ys = [y for line in ax.lines for y in line.get_ydata() if y > 0]
+            if log and ys and max(ys) < 1e3 * min(ys):   # under 3 decades: 5s labelled too
+                ax.yaxis.set_major_locator(LogLocator(subs=(1, 5)))
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.set_ylabel(ylabel if j == 0 else "", fontsize=9)
             ax.grid(alpha=0.3)
         axes[0][j].set_title(f"{frame.arms.name(key)}\nlr " + " / ".join(
@@ -481,8 +485,8 @@ def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
 
 
 def finish_stability(fig, frame: Frame, keys: list[tuple]):
-    handles = [Line2D([], [], label=frame.arms.name(k), **style.line_style(
-        frame.looks[frame.arms.name(k)])) for k in keys]
+    handles = [Line2D([], [], label=frame.arms.name(k), **{**style.line_style(   # dashes: LR
+        frame.looks[frame.arms.name(k)]), "ls": "-"}) for k in keys]
     handles += [Line2D([], [], color="0.3", ls=d, label=text) for d, text in EDGES]
     return style.finish(fig, "Attention at high learning rates, each arm at its highest stable LR"
                         " and, where a run failed, its first failing LR (column titles): the"

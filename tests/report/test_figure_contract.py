@@ -819,6 +819,9 @@ def stability_styles(fig, key: str, name: str) -> list[str]:
         return []
     bad = [f"legend entry {t!r} gives its style a second meaning" for leg in legends(fig)
            for t in (x.get_text() for x in leg.get_texts()) if re.search(r"\(.*:.*\)", t)]
+    bad += [f"legend entry {h.get_label()!r} drawn {h.get_linestyle()!r}: an arm's entry is"
+            " solid, dashes mean the LR" for leg in legends(fig) for h in leg.legend_handles
+            if h.get_linestyle() not in ("-", "None") and h.get_marker() not in ("None", "")]
     for ax in fig.axes:
         for text, line in labelled(ax):
             arm, _, lr = text.rpartition(", lr ")
