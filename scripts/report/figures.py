@@ -21,6 +21,7 @@ from scripts.report.runs import (
     SOLVED_ACCURACY,
     VARIANT_KEY,
     RunRecord,
+    default_of,
     eval_series,
     group_runs,
     label,
@@ -111,7 +112,9 @@ def step_curves(frame: Frame, groups: dict, series_of, y: tuple, title: str):
 
 
 def panel_title(setting: tuple) -> str:
-    return label(setting, "all runs", short=True)
+    """A setting's words, a key a run left unset by its default's value where the schema has one."""
+    return label([(k, default_of(k) if v is None else v) for k, v in setting], "all runs",
+                 short=True)
 
 
 def chance(groups) -> Optional[float]:

@@ -4,6 +4,8 @@ for a Hydra job, .hydra/overrides.yaml. Runs group by the keys whose values diff
 runs read, minus the seed (the repeats); `scaling`, the score scale or "variant", comes first.
 """
 
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -258,6 +260,18 @@ def group_runs(runs: list[RunRecord], drop: tuple = ()) -> dict[tuple, list[RunR
 def label(pairs, default: str = "", short: bool = False) -> str:
     """"key=value, ..." (short: the last part of each dotted key), or `default`."""
     return ", ".join(pair_text(k, v, short) for k, v in pairs) or default
+
+
+@functools.cache
+def default_of(key: str) -> Optional[str]:
+    """A dotted key's default in trainer/schema.py's config (canonical); None where it has no
+    plain one (null, required, a factory, not a field)."""
+    from trainer.schema import GROUPS
+    group, _, name = key.partition(".")
+    found = [f.default for f in dataclasses.fields(GROUPS[group]) if f.name == name] \
+        if group in GROUPS else []
+    return canonical(found[0]) if found and found[0] is not dataclasses.MISSING \
+        and isinstance(found[0], (bool, int, float, str)) else None
 
 
 def pair_text(key: str, value: Optional[str], short: bool = False) -> str:
