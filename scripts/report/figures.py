@@ -406,11 +406,13 @@ def plot_lr(frame: Frame, lr_runs: list[RunRecord], which: str, plan: st.Plan = 
         ax.title.set_fontsize(9)
         ax.yaxis.label.set_fontsize(9)
         ax.grid(alpha=0.3)
+    bars = " (bars cut at 0 and the loss at init)" if any(
+        c.has_yerr for ax in fig.axes for c in ax.containers) else ""
     geometric = "; log y: geometric mean" if any(
         ax.get_yscale() == "log" for ax in fig.axes) else ""
     return style.finish(fig, f"Final loss against learning rate, every seed of the sweep"
                         f" ({lr_seeds(plan, lr_runs)}); {style.seeds_text(ns, 'point')}"
-                        f"{geometric} (bars cut at 0 and the loss at init){style.seeds_note(fig)};"
+                        f"{geometric}{bars}{style.seeds_note(fig)};"
                         f" {style.FAILED}: a run failed")
 
 

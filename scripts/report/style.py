@@ -34,8 +34,11 @@ FAILED = "x"   # the mark over an LR where a run failed: no arm's marker, so it 
 CONTROLS = ("uniform",)   # scales drawn to compare with, never squeezing the arms compared
 LR_LABEL = "peak learning rate (optim.lr)"   # what an LR axis reads: the schedule's peak
 MIN_BAND_N = 3   # a band or bar is a 95% t interval of at least 3 seeds; t(0.975, 1) is 12.7
-LEVEL_STYLES = ((0, (1, 2)), (0, (4, 2)), (0, (2, 1, 1, 1)), (0, (8, 2)), (0, (1, 1)),
-                (0, (4, 1, 1, 1, 1, 1)))
+# A reference level's look: black, thin, dashes that no arm's line has (DASHES, LOOKS), so that
+# no arm (the control's grey dots) reads as a level.
+LEVEL_STYLES = ((0, (2, 3)), (0, (7, 3)), (0, (7, 2, 1, 2)), (0, (12, 3)), (0, (10, 2, 1, 2)),
+                (0, (3, 2, 1, 2, 1, 2)))
+LEVEL_LOOK = {"color": "k", "lw": 0.8}
 DODGE = 4.0   # points between the markers of neighbouring lines at one x
 # Switches whatever their most common value, each with the value that turns it off; a run
 # written before the key existed (None) has it off too: a normaliser sweep's lines read
@@ -178,6 +181,10 @@ def dodge(ax, place: tuple[int, int], artists) -> None:
                                              ax.figure.dpi_scale_trans)
     for artist in artists:
         artist.set_transform(moved)
+    # x margins that hold the outermost move, a marker (a cross: 9 points) and a bar's cap,
+    # on a panel taken as 0.8 of its share of the figure before the layout
+    reach, wide = (n - 1) / 2 * DODGE + 6, ax.get_position().width * ax.figure.get_figwidth() * 58
+    ax.margins(x=max(ax.margins()[0], reach / max(wide - 2 * reach, 1)))
 
 
 def seeds_text(ns, what: str = "line") -> str:
@@ -192,7 +199,7 @@ def seeds_text(ns, what: str = "line") -> str:
 def reference_lines(ax, levels: dict) -> None:
     """Levels across the panel, each name its own dashes in the figure (finish)."""
     for name, value in levels.items():
-        ax.axhline(value, color="0.35", lw=0.9, label=f"{name} {value:.2f}", zorder=1)
+        ax.axhline(value, **LEVEL_LOOK, label=f"{name} {value:.2f}", zorder=1)
 
 
 def reference(line, ax) -> bool:
@@ -246,8 +253,8 @@ def finish(fig, title: str, handles: tuple = ()):
     for ax, line in ((ax, line) for ax in fig.axes for line in ax.lines):
         if reference(line, ax) and not line.get_label().startswith("_"):
             i = names.setdefault(re.sub(r"[-\d.]+$", "", line.get_label()), len(names))
-            line.set(ls=LEVEL_STYLES[i % len(LEVEL_STYLES)],
-                     color=("0.35", "0.65")[i // len(LEVEL_STYLES) % 2])
+            line.set(ls=LEVEL_STYLES[i % len(LEVEL_STYLES)], lw=LEVEL_LOOK["lw"],
+                     color=(LEVEL_LOOK["color"], "0.5")[i // len(LEVEL_STYLES) % 2])
     entries = {h.get_label(): h for h in handles}
     for handle, text in ((h, t) for ax in (fig.axes if not handles else ())
                          for h, t in zip(*ax.get_legend_handles_labels())):

@@ -386,13 +386,15 @@ def texts_over_points(fig) -> list[str]:
 
 def points_off_the_axes(fig) -> list[str]:
     """No point is drawn outside its panel: read in display coordinates, where it is drawn (a
-    dodged line is moved after autoscaling has read its data)."""
+    dodged line is moved after autoscaling has read its data); an error bar's point 3 pixels
+    inside its panel's sides, off the frame."""
     rendered(fig)
     bad = []
     for ax in fig.axes:
         xy, box = drawn_points(ax), ax.bbox
-        off = ((xy[:, 0] < box.x0 - 0.5) | (xy[:, 0] > box.x1 + 0.5) | (xy[:, 1] < box.y0 - 0.5)
-               | (xy[:, 1] > box.y1 + 0.5))
+        inset = 3.0 if any(isinstance(c, ErrorbarContainer) for c in ax.containers) else -0.5
+        off = ((xy[:, 0] < box.x0 + inset) | (xy[:, 0] > box.x1 - inset)   # a bar off the frame
+               | (xy[:, 1] < box.y0 - 0.5) | (xy[:, 1] > box.y1 + 0.5))
         if off.any():
             bad.append(f"{int(off.sum())} point(s) of {column_title(fig, ax)!r} drawn off its"
                        " axes")
@@ -727,15 +729,26 @@ def legends_not_words(fig) -> list[str]:
 
 def shared_level_styles(fig) -> list[str]:
     """No two reference lines (levels, marks across a panel) of other names share a colour and
-    dash pattern (a name is its label less a trailing value)."""
+    dash pattern (a name is its label less a trailing value), nor one an arm's dash pattern."""
     names = {}
     for ax in fig.axes:
         for line in ax.lines:
             if line not in data_lines(ax) and not line.get_label().startswith("_"):
                 look = (colour(line), line.get_linestyle(), str(line._unscaled_dash_pattern))
                 names.setdefault(look, set()).add(re.sub(r"[-\d.]+$", "", line.get_label()))
+    arms = {dashes(line): line.get_label() for ax in fig.axes for line in data_lines(ax)
+            if line.get_linestyle() not in ("-", "None")}
     return [f"reference lines {sorted(n)} share the style {look}" for look, n in names.items()
-            if len(n) > 1]
+            if len(n) > 1] + [f"reference line {line.get_label()!r} dashed as {arms[d]!r}"
+                              for ax in fig.axes for line in ax.lines if line not in
+                              data_lines(ax) and not line.get_label().startswith("_")
+                              and (d := dashes(line)) in arms]
+
+
+def dashes(line) -> str:
+    """A line's dash pattern as it reads: dots (no dash longer than 1.5 widths) all alike."""
+    on = line._unscaled_dash_pattern[1] or ()
+    return "dots" if on and max(on[::2]) <= 1.5 else str(on)
 
 
 def outcome(row: dict) -> tuple[bool, bool]:
