@@ -320,9 +320,14 @@ def plot_normaliser(frame, groups: dict, which: str):
                         (*arms.values(), *levels.values()))
 
 
+SHARES = ("softmax", "softmax1", "sink")   # rows sum to 1 or less: a weight is a row's share
+
+
 def mass_panel(ax, frame, members: dict, place: tuple) -> list[int]:
     """The first token's weight per arm, and the baseline's mean at step 0; each arm's n."""
     ns = arm_points(ax, frame, members, (lambda r: stat(r, FIRST), SHARE, False), place)
+    ax.set_xticks(range(len(place[1])), [n if n in SHARES else f"{n}\n(absolute weight)"
+                                         for n in place[1]])
     start = [stat(r, FIRST, 0) for k, g in members.items()
              if frame.arms.name(k) == frame.baseline for r in g]
     if start and None not in start:
