@@ -147,9 +147,9 @@ def outcome(run, which: str, levels) -> tuple[bool, bool]:
 
 
 def seeds_drawn(runs: list, log: bool, which: str, levels) -> bool:
-    """Whether a mean of these runs is drawn with each seed's value: a mean of 2, or a geometric
-    mean of seeds that split between solving and failing (a mean that is neither's)."""
-    return len(runs) == 2 or (log and len({outcome(r, which, levels) for r in runs}) > 1)
+    """Whether a mean of these runs is drawn with each seed's value: a mean of 2, or a mean of
+    seeds that split between solving and failing (a mean that is neither's; log: geometric)."""
+    return len(runs) == 2 or len({outcome(r, which, levels) for r in runs}) > 1
 
 
 def seeds_note(fig) -> str:
