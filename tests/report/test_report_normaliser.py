@@ -285,4 +285,5 @@ def test_the_figure_draws_each_arm_with_its_interval_cut_to_0_1():
     step0 = [line for line in mass.lines if line.get_label().startswith("sqrt_dk's mean")]
     assert step0[0].get_ydata()[0] == pytest.approx(
         column(("sqrt_dk", "softmax"), "first_attn_first_mass").mean())
-    assert [t.get_text() for t in mass.get_xticklabels()] == list(NORMALISERS)
+    assert [t.get_text() for t in mass.get_xticklabels()] == [   # sigmoid's weight: no share
+        n if n != "sigmoid" else "sigmoid\n(absolute weight)" for n in NORMALISERS]
