@@ -194,7 +194,7 @@ def stat_grid(frame: Frame, groups: dict, rows: list[tuple], title: str,
             value_ticks(ax, sorted({x for line in ax.lines if not style.reference(line, ax)
                                     for x in line.get_xdata()}))
         ax.set_title(panel_title(setting) if i == 0 else "", fontsize=9)
-        ax.set_ylabel(ylabel if j == 0 else "", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)   # each panel its own y range
         ax.set(xlabel=xlabel if i == len(rows) - 1 else "")
     left = "; ".join(f"{arm}: 0 in {', '.join(sorted(r))}" for arm, r in zeros.items())
     return style.finish(fig, f"{title}{frame.seeds}\n{style.seeds_text(ns)}"
@@ -482,7 +482,7 @@ def plot_stability(frame: Frame, lr_runs: list[RunRecord], which: str):
             if log and ys and max(ys) < 1e3 * min(ys):   # under 3 decades: 5s labelled too
                 ax.yaxis.set_major_locator(LogLocator(subs=(1, 5)))
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.set_ylabel(ylabel if j == 0 else "", fontsize=9)
+            ax.set_ylabel(ylabel if j == 0 or log else "", fontsize=9)   # log: its own range
             ax.grid(alpha=0.3)
         axes[0][j].set_title(f"{frame.arms.name(key)}\nlr " + " / ".join(
             f"{lr:g}" for lr, *_ in picks), fontsize=8)

@@ -151,8 +151,8 @@ def plot_width(lr_runs: list[RunRecord], which: str):
     found = [y for ax in axes[1] for line in ax.lines for y in line.get_ydata()]
     for ax in axes[1] if found else ():   # one y range for the row, a factor 4 wide at least
         ax.set_ylim(min(found) / 2, max(found) * 2)
-    axes[0][0].set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)",
-                          fontsize=9)
+    for ax in axes[0]:   # each panel its own y range
+        ax.set_ylabel(f"{st.loss_name(which, lr_runs)}\n(clipped at loss at init)", fontsize=9)
     axes[1][0].set_ylabel("optimal LR (optim.lr),\none point per seed", fontsize=9)
     ns = [len(s) for by_width in by_cell.values() for runs in by_width.values()
           for s in st.lr_table(runs, which).values()]
