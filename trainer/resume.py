@@ -128,11 +128,21 @@ def check_resumable(ckpt: dict, config: dict, vocab_size: int, path: Path) -> No
             if k not in MAY_CHANGE_ON_RESUME and saved.get(k) != now.get(k)
             and not (k not in saved and now.get(k) == schema_default(k))]
     if diff:
-        listed = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in diff)
+        listed = "; ".join(f"{k}: {saved_value(k, saved)}, now {now.get(k)!r}" for k in diff)
         raise UserError(f"Cannot resume from {path}: the settings differ from the checkpoint's "
                         f"({listed}). Resume with the checkpoint's settings, or start a new run "
                         f"without trainer.resume. Only {', '.join(MAY_CHANGE_ON_RESUME)} may "
                         "change on resume.")
+
+
+def saved_value(key: str, saved: dict) -> str:
+    """The checkpoint's `key` as check_resumable names it: its value, or, where the checkpoint
+    predates the key, the schema's default that it was trained with and resumes as."""
+    if key in saved:
+        return f"checkpoint {saved[key]!r}"
+    default = schema_default(key)
+    return "the checkpoint predates the key" + (
+        "" if default is MISSING else f" and resumes as {default!r}")
 
 
 def check_sampler(saved: dict, mine: dict, path: Path) -> None:
@@ -162,7 +172,7 @@ def finished(step: int, max_steps: int, run_dir: Path, rank: int) -> bool:
     """Whether a resumed run has nothing left to do (its checkpoint is at trainer.max_steps and
     its summary.json is written, or its summary.json says it diverged); rank 0 says why. A
     checkpoint at trainer.max_steps without summary.json is a run stopped while finishing (the
-    whole-split evaluation, the samples): train.py then trains no step and does the rest."""
+    whole-split evaluation): train.py then trains no step and does the rest."""
     summary = run_dir / "summary.json"
     if step >= max_steps and summary.is_file():
         reason = (f"its checkpoint is at step {step} and trainer.max_steps={max_steps}; raise "

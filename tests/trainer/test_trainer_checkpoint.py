@@ -205,27 +205,33 @@ def test_resume_with_changed_settings_is_refused_naming_them(
 def test_a_checkpoint_from_before_a_key_existed_resumes_at_its_default(tiny_cfg, tiny_run,
                                                                      tmp_path):
     """A checkpoint written before optim.qk_clip, trainer.z_loss, scaling.attn_mult, the
-    param group, scaling.qk_norm, scaling.qk_norm_gain and model.attn_gate existed (its config
-    lacks them) resumes when they are at their defaults, which change nothing, and is refused,
-    naming the key, when one is set; its model_config rebuilds the model it saved."""
+    param group, scaling.qk_norm, scaling.qk_norm_gain, model.attn_gate and scaling.normaliser
+    existed (its config lacks them) resumes when they are at their defaults, which change
+    nothing, and is refused, naming the key and the default it resumes as, when one is set; its
+    model_config rebuilds the model it saved."""
     run_dir = copy_run(tiny_run[0], tmp_path / "run")   # at step 8
     last = run_dir / "checkpoints" / "last.pt"
     ckpt = torch.load(last, weights_only=False)
     for group, key in (("optim", "qk_clip"), ("trainer", "z_loss"), ("scaling", "attn_mult"),
                        ("scaling", "qk_norm"), ("scaling", "qk_norm_gain"),
-                       ("model", "attn_gate")):
+                       ("model", "attn_gate"), ("scaling", "normaliser")):
         del ckpt["config"][group][key]
     del ckpt["config"]["param"]
     del ckpt["model_config"]["attn_gate"]
-    for key in ("qk_norm", "qk_norm_gain"):
+    for key in ("qk_norm", "qk_norm_gain", "normaliser"):
         del ckpt["model_config"]["scaling"][key]
     GPT(checkpoint_read.model_config(ckpt["model_config"])).load_state_dict(ckpt["model"])
     torch.save(ckpt, last)
-    for change, named in (("optim.qk_clip=1.0", r"optim.qk_clip: checkpoint None, now 1.0"),
-                          ("model.attn_gate=headwise", r"model.attn_gate: [^;]*, now 'headwise'")):
-        with pytest.raises(UserError, match=named):
+    predates = "the checkpoint predates the key and resumes as"
+    for change, named in (("optim.qk_clip=1.0", f"optim.qk_clip: {predates} None, now 1.0"),
+                          ("model.attn_gate=headwise", f"model.attn_gate: {predates} 'none', "
+                           "now 'headwise'"),
+                          ("scaling.normaliser=sink", f"scaling.normaliser: {predates} "
+                           "'softmax', now 'sink'")):
+        with pytest.raises(UserError) as err:
             train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12",
                                           change]), run_dir)
+        assert f"the settings differ from the checkpoint's ({named})." in str(err.value)
     summary = train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12"]),
                           run_dir)
     assert summary["steps"] == 12
