@@ -64,7 +64,8 @@ def test_a_checkpoint_from_before_the_normaliser_resumes_as_softmax(tiny_cfg, ti
     del ckpt["config"]["scaling"]["normaliser"], ckpt["model_config"]["scaling"]["normaliser"]
     torch.save(ckpt, last)
     assert model_config(ckpt["model_config"]).scaling.normaliser == "softmax"
-    with pytest.raises(UserError, match=r"scaling.normaliser: checkpoint None, now 'sigmoid'"):
+    with pytest.raises(UserError, match=r"scaling.normaliser: the checkpoint predates the key "
+                                        r"and resumes as 'softmax', now 'sigmoid'"):
         train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12",
                                       "scaling.normaliser=sigmoid"]), run_dir)
     summary = train.train(derive(tiny_cfg, ["trainer.resume=auto", "trainer.max_steps=12"]),
