@@ -82,8 +82,8 @@ def draw_panel(ax, frame: Frame, members: dict, row: tuple) -> tuple[list, set]:
             drawn.append((key, agg, seeds))
             ns.append(len(runs))
     for i, (key, agg, seeds) in enumerate(drawn):
-        style.draw_mean(ax, agg, frame.looks[frame.arms.name(key)],
-                        arm_label(frame, key, members[key]), bounds, (i, len(drawn)), seeds)
+        style.draw_mean(ax, (agg, seeds), frame.looks[frame.arms.name(key)],
+                        arm_label(frame, key, members[key]), bounds, (i, len(drawn)))
     ax.set_yscale("log" if log else "linear")
     ax.grid(alpha=0.3)
     return ns, zeros

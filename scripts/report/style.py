@@ -123,12 +123,13 @@ def aggregate(series: list[tuple[list, list]], log: bool = False):
     return (steps, *(np.exp(out) if log else out))
 
 
-def draw_mean(ax, agg, look: tuple, text: str, bounds=(-math.inf, math.inf),
-              place: tuple[int, int] = (0, 1), seeds: tuple = ()) -> None:
-    """A mean line and, where it has one, its band cut to the quantity's range `bounds`, and
-    the seeds' (x, values) it is the mean of where given (seeds_drawn). place: (this line's
-    index, the lines in its panel), so that no marker hides another's."""
-    steps, mean, lo, hi = agg
+def draw_mean(ax, data: tuple, look: tuple, text: str, bounds=(-math.inf, math.inf),
+              place: tuple[int, int] = (0, 1)) -> None:
+    """A mean line and, where it has one, its band cut to the quantity's range `bounds`; data:
+    (aggregate's (x, mean, lo, hi), the seeds' (x, values) it is the mean of where they are
+    drawn (seeds_drawn), else ()). place: (this line's index, the lines in its panel), so that
+    no marker hides another's."""
+    (steps, mean, lo, hi), seeds = data
     i, n = place
     every = max(len(steps) // 6, n)   # a long line marks every k-th point (k >= n) from i
     line = ax.plot(steps, mean, label=text, markevery=(i, every), **line_style(look))

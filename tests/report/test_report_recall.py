@@ -147,7 +147,7 @@ def test_an_accuracy_band_is_clipped_to_0_1():
     """Three seeds at 0.2, 0.6 and 1.0: the t interval (+-0.99) reaches outside [0, 1]."""
     fig, ax = figures.plt.subplots()
     agg = style.aggregate([([0, 25], [0.0, 0.2]), ([0, 25], [0.0, 0.6]), ([0, 25], [0.0, 1.0])])
-    style.draw_mean(ax, agg, style.LOOKS["sqrt_dk"], "sqrt_dk", bounds=(0.0, 1.0))
+    style.draw_mean(ax, (agg, ()), style.LOOKS["sqrt_dk"], "sqrt_dk", bounds=(0.0, 1.0))
     band = ax.collections[0].get_paths()[0].vertices[:, 1]
     assert band.min() == 0.0 and band.max() == 1.0
     figures.plt.close(fig)
