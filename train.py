@@ -18,6 +18,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+# Read once, when torch loads OpenMP: a thread that waits for work sleeps instead of spinning, so
+# runs that share the cores do not spin each other down (docs/benchmarks.md, "Threads and other
+# processes"). A caller's own OMP_WAIT_POLICY is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig

@@ -192,12 +192,14 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 def choose_threads(threads, jobs: Optional[int] = None) -> tuple[Optional[int], str]:
     """trainer.threads as a number (None: torch's own), and how auto chose it: OMP_NUM_THREADS,
-    else the cores shared by this machine's torchrun processes or a joblib sweep's `jobs`."""
+    else the cores shared by this machine's torchrun processes or a joblib sweep's `jobs`; with
+    how idle threads wait (train.py sets OMP_WAIT_POLICY=PASSIVE: other runs may share them)."""
     if threads != "auto":
         return threads, ""
-    omp = os.environ.get("OMP_NUM_THREADS", "")
+    omp, waits = (os.environ.get("OMP_NUM_THREADS", ""),
+                  f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
     if jobs is None and omp.isdigit() and int(omp):
-        return int(omp), f"trainer.threads=auto: OMP_NUM_THREADS={int(omp)}"
+        return int(omp), f"trainer.threads=auto: OMP_NUM_THREADS={int(omp)}{waits}"
     try:   # the affinity mask: a container's or taskset's limit
         cores = len(os.sched_getaffinity(0))
     except AttributeError:   # macOS and Windows have no affinity call
@@ -206,7 +208,8 @@ def choose_threads(threads, jobs: Optional[int] = None) -> tuple[Optional[int], 
     how = f"trainer.threads=auto: {cores} core(s) available" + (
         f" / {jobs} sweep job(s) at once (hydra.launcher.n_jobs)" if jobs is not None else
         f" / {sharing} torchrun process(es)" if sharing > 1 else "")
-    return max(1, min(MAX_AUTO_THREADS, cores // sharing)), f"{how}, at most {MAX_AUTO_THREADS}"
+    return (max(1, min(MAX_AUTO_THREADS, cores // sharing)),
+            f"{how}, at most {MAX_AUTO_THREADS}{waits}")
 
 
 def pick_device(name: str, key: str = "trainer.device") -> torch.device:

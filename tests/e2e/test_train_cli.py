@@ -148,6 +148,19 @@ def test_bad_command_line_exits_readably_and_writes_nothing(refused, bad, says):
     assert not (folder / f"bad{[b for b, _ in BAD].index(bad)}").exists()
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="reads GNU OpenMP's report (libgomp)")
+@pytest.mark.parametrize("given, spins", [(None, "0"), ("ACTIVE", "30000000000")])
+def test_train_py_loads_openmp_with_threads_that_sleep_while_waiting(given, spins):
+    """train.py sets OMP_WAIT_POLICY=PASSIVE before torch loads OpenMP, which reads it once:
+    OpenMP's own report (OMP_DISPLAY_ENV) has its threads spin 0 times before they sleep (left
+    unset: 300000), and a caller's policy is kept. The command line is refused after the load."""
+    env = {k: v for k, v in ENV.items() if k != "OMP_WAIT_POLICY"}
+    env.update({"OMP_DISPLAY_ENV": "VERBOSE", **({"OMP_WAIT_POLICY": given} if given else {})})
+    proc = subprocess.run([sys.executable, "train.py", "+foo=1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"GOMP_SPINCOUNT = '{spins}'" in proc.stderr, proc.stderr
+
+
 def checksums(folder: Path) -> dict:
     return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in folder.rglob("*") if p.is_file()}

@@ -1,4 +1,5 @@
-"""trainer.threads: auto (the available cores, capped), an explicit number, or null."""
+"""trainer.threads: auto (the available cores, capped, and how idle threads wait), an explicit
+number, or null."""
 
 import os
 
@@ -57,13 +58,27 @@ def test_bad_thread_settings_are_refused(bad):
         TrainerConfig(threads=bad)
 
 
+def test_auto_records_how_idle_threads_wait(cores, monkeypatch):
+    """train.py sets OMP_WAIT_POLICY=PASSIVE before torch loads OpenMP (the process itself:
+    tests/e2e/test_train_cli.py); auto's line says which policy the run has."""
+    cores(2)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert choose_threads("auto") == (2, "trainer.threads=auto: 2 core(s) available, at most "
+                                         f"{MAX_AUTO_THREADS}; OMP_WAIT_POLICY=PASSIVE")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert choose_threads("auto")[1].endswith("OMP_NUM_THREADS=3; OMP_WAIT_POLICY=PASSIVE")
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert choose_threads("auto")[1].endswith("; OMP_WAIT_POLICY=unset")
+
+
 def test_auto_is_the_default_and_is_printed(tiny_cfg, tmp_path, cores, capsys,
-                                            single_thread):
+                                            single_thread, monkeypatch):
     assert make_config([]).trainer.threads == "auto"
     cores(1)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     # tiny_cfg sets trainer.threads=1: back to the default
     train.train(derive(tiny_cfg, ["trainer.threads=auto", "trainer.max_steps=1"]),
                 tmp_path / "run")
     assert torch.get_num_threads() == 1
     assert ("1 thread(s) (trainer.threads=auto: 1 core(s) available, at most "
-            f"{MAX_AUTO_THREADS})") in capsys.readouterr().out
+            f"{MAX_AUTO_THREADS}; OMP_WAIT_POLICY=PASSIVE)") in capsys.readouterr().out
