@@ -113,7 +113,7 @@ class TrainerConfig:
     compile: bool = False              # torch.compile (checkpoints hold the plain weights)
     device: str = "auto"               # auto (cuda, then mps, then cpu) | cpu | cuda:N | mps
     # CPU threads: auto (trainer/build.py, printed at start), a number, or null (torch's own).
-    # On a machine other jobs keep busy set 1: competing OpenMP threads spin-wait.
+    # Idle threads sleep (train.py sets OMP_WAIT_POLICY=PASSIVE): runs may share the cores.
     threads: Any = "auto"
     seed: int = 1337
     resume: Optional[str] = None       # null | auto (this run dir's last.pt) | path/to/last.pt
