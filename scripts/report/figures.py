@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from model.config import SATURATION_THRESHOLD, SCALES, ScalingConfig
+from model.config import SATURATION_THRESHOLD, SCALES, GPTConfig, ScalingConfig
 from scripts.report import stats as st
 from scripts.report import style
 from scripts.report.runs import (
@@ -227,11 +227,12 @@ def fixed_scale(run) -> Optional[float]:
     """The run's score scale s where it is a fixed number, else None."""
     d_model, n_head = run.setting("model.d_model"), run.setting("model.n_head")
     d_head = run.setting("model.d_head") or (d_model and n_head and int(d_model) // int(n_head))
-    if d_head is None or run.variant not in SCALES or run.variant in NOT_A_NUMBER:
+    normed = run.setting("scaling.qk_norm") not in (None, "none")   # a norm before the scale
+    if d_head is None or run.variant not in SCALES or run.variant in NOT_A_NUMBER or normed:
         return None
     scaling = ScalingConfig(run.variant, divisor=float(run.setting("scaling.divisor") or 8.0),
                             attn_mult=float(run.setting("scaling.attn_mult") or 1.0))
-    return SCALES[run.variant](int(d_head), scaling)
+    return SCALES[run.variant](int(d_head), scaling, int(d_model or GPTConfig.d_model))
 
 
 def per_logit(run, name: str) -> tuple[list, list]:
