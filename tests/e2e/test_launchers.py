@@ -76,8 +76,10 @@ def test_joblib_jobs_share_the_cores(monkeypatch, cores, jobs, expected):
     monkeypatch.setenv("OMP_NUM_THREADS", "7")   # joblib's own setting in its workers: not read
     threads, how = choose_threads("auto", jobs)
     assert threads == expected and threads * jobs <= max(cores, jobs)
+    waits = os.environ.get("OMP_WAIT_POLICY", "unset")   # train.py's PASSIVE once it is loaded
     assert how == (f"trainer.threads=auto: {cores} core(s) available / {jobs} sweep job(s) at "
-                   f"once (hydra.launcher.n_jobs), at most {MAX_AUTO_THREADS}")
+                   f"once (hydra.launcher.n_jobs), at most {MAX_AUTO_THREADS}; "
+                   f"OMP_WAIT_POLICY={waits}")
     assert choose_threads("auto", None)[0] == 7   # outside joblib OMP_NUM_THREADS still rules
     assert choose_threads(3, jobs) == (3, "")
 
